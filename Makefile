@@ -1,0 +1,30 @@
+# Everything installs itself: `make test` and `make bench` work on a fresh machine with Python 3.11+.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.stamp-install
+
+.PHONY: test bench bench-quick bench-micro venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) -m shmvec bench
+
+bench-quick: $(STAMP)
+	$(PY) -m shmvec bench --quick
+
+bench-micro: $(STAMP)
+	$(PY) -m pytest benchmarks -q --benchmark-only
+
+clean:
+	rm -rf $(VENV) results .pytest_cache
