@@ -1,0 +1,180 @@
+"""Where every per-step array lives inside the one shared-memory segment of a vector env.
+
+A :class:`Layout` is computed once, in the main process, from the single observation and
+action spaces. It is a small picklable description (names, dtypes, shapes, byte offsets); both
+the main process and the workers turn it into numpy views over the same buffer with
+:meth:`Layout.views`. See ``docs/architecture.md`` for the picture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+
+ALIGN = 64  # a cache line: arrays written by different processes never share one
+
+# Control block: one cache line (8 int64 words) per worker, then one for the main process.
+CTRL_WORDS = 8
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One fixed-size array of a (possibly nested) space: ``path`` indexes into the sample."""
+
+    path: tuple[Any, ...]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    space: spaces.Space
+
+    @property
+    def field(self) -> str:
+        """The leaf's place in a sample, e.g. ``['image']`` (empty for a flat space)."""
+        return "".join(f"[{p!r}]" for p in self.path)
+
+
+def space_leaves(space: spaces.Space, what: str, path: tuple[Any, ...] = ()) -> list[Leaf]:
+    """Flatten ``space`` into fixed-size leaves, in the order Gymnasium iterates them.
+
+    Raises
+    ------
+    TypeError
+        If the space (or a nested part of it) cannot live in a fixed-size buffer.
+    """
+    if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
+        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype), space)]
+    if isinstance(space, spaces.Dict):
+        return [
+            leaf for key, sub in space.spaces.items() for leaf in space_leaves(sub, what, path + (key,))
+        ]
+    if isinstance(space, spaces.Tuple):
+        return [
+            leaf for i, sub in enumerate(space.spaces) for leaf in space_leaves(sub, what, path + (i,))
+        ]
+    where = f"{what}{''.join(f'[{p!r}]' for p in path)}"
+    raise TypeError(
+        f"shmvec cannot place {where} of type {type(space).__name__} in shared memory: only Box, "
+        "Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of those have a fixed size per step. "
+        "Use gymnasium.vector.AsyncVectorEnv(shared_memory=False) for variable-size spaces."
+    )
+
+
+def assemble(space: spaces.Space, arrays: list[np.ndarray]) -> Any:
+    """Rebuild the nested structure of ``space`` (dict / tuple) around leaf arrays.
+
+    ``arrays`` is in :func:`space_leaves` order; it is consumed from the front.
+    """
+    it = iter(arrays)
+
+    def build(sp: spaces.Space) -> Any:
+        if isinstance(sp, spaces.Dict):
+            return {key: build(sub) for key, sub in sp.spaces.items()}
+        if isinstance(sp, spaces.Tuple):
+            return tuple(build(sub) for sub in sp.spaces)
+        return next(it)
+
+    return build(space)
+
+
+def flatten(space: spaces.Space, value: Any) -> list[Any]:
+    """The leaves of a nested sample, in :func:`space_leaves` order (the inverse of assemble)."""
+    if isinstance(space, spaces.Dict):
+        return [leaf for key, sub in space.spaces.items() for leaf in flatten(sub, value[key])]
+    if isinstance(space, spaces.Tuple):
+        return [leaf for i, sub in enumerate(space.spaces) for leaf in flatten(sub, value[i])]
+    return [value]
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass
+class Layout:
+    """Byte offsets of every array in the segment.
+
+    Regions (each ``[num_envs, ...]`` unless noted, each 64-byte aligned):
+
+    - ``ctrl``: ``[num_workers + 1, 8]`` int64, one cache line per worker plus the main process
+    - ``obs/<i>``: one per observation leaf
+    - ``final_obs/<i>``: one per observation leaf (same-step autoreset only)
+    - ``act/<i>``: one per action leaf
+    - ``rewards`` float64, ``terminations`` / ``truncations`` / ``autoreset`` bool
+    - ``episode_return`` float64, ``episode_length`` int64: the running episode
+    - ``last_return`` float64, ``last_length`` int64, ``episode_count`` int64: the last finished one
+    """
+
+    num_envs: int
+    num_workers: int
+    obs_leaves: list[Leaf]
+    act_leaves: list[Leaf]
+    with_final_obs: bool
+    regions: dict[str, Region] = field(default_factory=dict)
+    size: int = 0
+
+    @classmethod
+    def build(
+        cls,
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        num_envs: int,
+        num_workers: int,
+        with_final_obs: bool,
+    ) -> Layout:
+        layout = cls(
+            num_envs=num_envs,
+            num_workers=num_workers,
+            obs_leaves=space_leaves(observation_space, "observation_space"),
+            act_leaves=space_leaves(action_space, "action_space"),
+            with_final_obs=with_final_obs,
+        )
+        n = num_envs
+        layout._add("ctrl", (num_workers + 1, CTRL_WORDS), np.int64)
+        for i, leaf in enumerate(layout.obs_leaves):
+            layout._add(f"obs/{i}", (n, *leaf.shape), leaf.dtype)
+        if with_final_obs:
+            for i, leaf in enumerate(layout.obs_leaves):
+                layout._add(f"final_obs/{i}", (n, *leaf.shape), leaf.dtype)
+        for i, leaf in enumerate(layout.act_leaves):
+            layout._add(f"act/{i}", (n, *leaf.shape), leaf.dtype)
+        layout._add("rewards", (n,), np.float64)
+        layout._add("terminations", (n,), np.bool_)
+        layout._add("truncations", (n,), np.bool_)
+        layout._add("autoreset", (n,), np.bool_)
+        layout._add("episode_return", (n,), np.float64)
+        layout._add("episode_length", (n,), np.int64)
+        layout._add("last_return", (n,), np.float64)
+        layout._add("last_length", (n,), np.int64)
+        layout._add("episode_count", (n,), np.int64)
+        return layout
+
+    def _add(self, name: str, shape: tuple[int, ...], dtype: Any) -> None:
+        region = Region(name, self.size, tuple(shape), np.dtype(dtype))
+        self.regions[name] = region
+        self.size = _align(self.size + max(region.nbytes, 1))
+
+    def views(self, buf: Any) -> dict[str, np.ndarray]:
+        """Numpy views of every region over ``buf`` (a writable buffer of ``self.size`` bytes)."""
+        return {
+            r.name: np.ndarray(r.shape, dtype=r.dtype, buffer=buf, offset=r.offset)
+            for r in self.regions.values()
+        }
+
+    def leaf_views(self, views: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+        """The per-leaf arrays of ``prefix`` ('obs', 'final_obs' or 'act'), in leaf order."""
+        count = len(self.act_leaves if prefix == "act" else self.obs_leaves)
+        return [views[f"{prefix}/{i}"] for i in range(count)]

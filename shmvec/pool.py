@@ -1,0 +1,371 @@
+"""The engine behind a vector env: worker processes, the shared segment, one command round at a time.
+
+A :class:`WorkerPool` splits ``num_envs`` envs into contiguous blocks ("lanes"). Each lane but
+optionally the last runs in its own worker process; with ``step_in_main`` the last lane is an
+:class:`~shmvec.worker.EnvBlock` stepped by the calling process itself while the workers step
+theirs, so on an N-core machine N blocks run at once and no core idles in a wait.
+
+The pool knows nothing of the Gymnasium API: it runs protocol commands and returns replies.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing import shared_memory
+from multiprocessing.connection import wait as mp_wait
+from typing import Any
+
+import numpy as np
+
+from shmvec import protocol as P
+from shmvec.errors import ClosedError, StepTimeout, WorkerDied, WorkerError
+from shmvec.layout import Layout
+from shmvec.sync import SpinPolicy, block_until, drain, fence, ring, spin_until
+from shmvec.worker import PHASES, EnvBlock, attach_segment, worker_main
+
+SEGMENT_PREFIX = "shmvec_"
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def split(num_envs: int, num_lanes: int) -> list[range]:
+    """Contiguous, as-even-as-possible blocks; the larger ones first."""
+    base, extra = divmod(num_envs, num_lanes)
+    out, start = [], 0
+    for i in range(num_lanes):
+        size = base + (1 if i < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+class WorkerPool:
+    """Worker processes stepping blocks of envs in one shared-memory segment.
+
+    Parameters
+    ----------
+    env_fns : sequence of callables returning ``gymnasium.Env``
+    num_lanes : int
+        Blocks stepped in parallel (``1 <= num_lanes <= len(env_fns)``).
+    step_in_main : bool
+        Whether the calling process steps the last block itself.
+    context : str or None
+        ``multiprocessing`` start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
+    autoreset_mode : str
+        Gymnasium's autoreset mode value (``"NextStep"``, ``"SameStep"``, ``"Disabled"``).
+    timeout : float or None
+        Seconds a command may take (construction too) before :class:`StepTimeout`.
+    spin_us : float or None
+        Spin budget of a wait, in microseconds, before it blocks; ``None`` picks one from the
+        number of cores (spinning only where the spinner has a core of its own).
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        num_lanes: int,
+        step_in_main: bool,
+        context: str | None,
+        autoreset_mode: str,
+        timeout: float | None,
+        spin_us: float | None = None,
+    ) -> None:
+        import cloudpickle
+
+        self.num_envs = len(env_fns)
+        self.lanes = split(self.num_envs, num_lanes)
+        self.num_procs = num_lanes - 1 if step_in_main else num_lanes
+        self.timeout = timeout
+        self.autoreset_mode = autoreset_mode
+        self.closed = False
+        self.broken = False  # a fault left workers in an unknown state: only shutdown is allowed
+        self.seq = 0
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        self.wake_w: list[int] = []
+        self._wake_conns: list[Any] = []
+        self.main_block: EnvBlock | None = None
+        self._shm: shared_memory.SharedMemory | None = None
+        self._unlinked = False
+        self.views: dict[str, np.ndarray] = {}
+
+        cores = usable_cores()
+        busy = self.num_procs + 1  # workers plus the main process
+        oversubscribed = busy > cores
+        if spin_us is None:
+            spin_us = 0.0 if oversubscribed else 2000.0
+        self.spin = {"max": spin_us * 1e-6, "min": min(50e-6, spin_us * 1e-6), "oversubscribed": oversubscribed}
+        # Main spins on the workers only when it keeps a core of its own while they run.
+        self._wait_policy = SpinPolicy(self.spin["max"], self.spin["min"], oversubscribed)
+
+        ctx = mp.get_context(context)
+        self.context = ctx.get_start_method()
+        done_r, done_w = ctx.Pipe(duplex=False)
+        self._done_conns = (done_r, done_w)
+        self.done_r = done_r.fileno()
+        os.set_blocking(self.done_r, False)
+        os.set_blocking(done_w.fileno(), False)
+        child_ends = [done_w]
+        try:
+            for w in range(self.num_procs):
+                lane = self.lanes[w]
+                try:
+                    blob = cloudpickle.dumps(list(env_fns[lane.start:lane.stop]))
+                except Exception as exc:
+                    raise TypeError(f"env_fns[{lane.start}:{lane.stop}] cannot be pickled for the workers: {exc}") from exc
+                parent_conn, child_conn = ctx.Pipe()
+                wake_r, wake_w = ctx.Pipe(duplex=False)
+                os.set_blocking(wake_r.fileno(), False)
+                os.set_blocking(wake_w.fileno(), False)
+                proc = ctx.Process(
+                    target=worker_main,
+                    args=(w, lane.start, blob, child_conn, wake_r, done_w),
+                    name=f"shmvec-worker-{w}",
+                    daemon=True,
+                )
+                proc.start()
+                self.procs.append(proc)
+                self.conns.append(parent_conn)
+                self._wake_conns.append(wake_w)
+                self.wake_w.append(wake_w.fileno())
+                child_ends += [child_conn, wake_r]
+            for end in child_ends[1:]:
+                end.close()
+            self._handshake(env_fns, step_in_main)
+        except BaseException:
+            self.broken = True
+            self.shutdown(timeout=1.0)
+            raise
+        finally:
+            if not done_w.closed:
+                done_w.close()
+
+    # -- set-up ----------------------------------------------------------------------------
+    def _handshake(self, env_fns: Sequence[Callable[[], Any]], step_in_main: bool) -> None:
+        deadline = None if self.timeout is None else time.monotonic() + max(self.timeout, 30.0)
+        main_envs: list[Any] = []
+        if step_in_main:
+            lane = self.lanes[-1]
+            for i in lane:
+                try:
+                    main_envs.append(env_fns[i]())
+                except BaseException as exc:
+                    for env in main_envs:
+                        env.close()
+                    raise WorkerError(P.error_report(exc, len(self.lanes) - 1, i, "construct")) from exc
+        self._main_envs = main_envs
+        found = []
+        for w in range(self.num_procs):
+            msg = self._recv(w, deadline, "construct")
+            if msg[0] == "error":
+                raise WorkerError(msg[1])
+            if msg[0] == "mismatch":
+                raise ValueError(f"env {msg[1]} has spaces {msg[2]} that differ from those of env {self.lanes[w].start}")
+            found.append((self.lanes[w].start, msg[1], msg[2], msg[3], msg[4], msg[5]))
+        if main_envs:
+            e0 = main_envs[0]
+            for k, env in enumerate(main_envs[1:], 1):
+                if env.observation_space != e0.observation_space or env.action_space != e0.action_space:
+                    raise ValueError(f"env {self.lanes[-1].start + k} has spaces that differ from env {self.lanes[-1].start}")
+            found.append((self.lanes[-1].start, e0.observation_space, e0.action_space, dict(e0.metadata),
+                          getattr(e0, "render_mode", None), getattr(e0, "spec", None)))
+        found.sort(key=lambda f: f[0])
+        _, obs_space, act_space, metadata, render_mode, spec = found[0]
+        for start, o, a, *_ in found[1:]:
+            if o != obs_space:
+                raise ValueError(f"env {start} has observation_space {o}, but env 0 has {obs_space}")
+            if a != act_space:
+                raise ValueError(f"env {start} has action_space {a}, but env 0 has {act_space}")
+        self.observation_space, self.action_space = obs_space, act_space
+        self.metadata, self.render_mode, self.spec = metadata, render_mode, spec
+
+        self.layout = Layout.build(obs_space, act_space, self.num_envs, len(self.lanes),
+                                   with_final_obs=self.autoreset_mode == "SameStep")
+        name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
+        # SharedMemory creates the name owner-only (0600) and registers it with the resource
+        # tracker, which unlinks it should this process die before the workers have attached.
+        self._shm = shared_memory.SharedMemory(name=name, create=True, size=self.layout.size)
+        self._mmap = attach_segment("/" + self._shm.name, self.layout.size)
+        self._shm.close()  # keep only our own mapping: its views never block a close
+        self.views = self.layout.views(self._mmap)
+        self.ctrl = self.views["ctrl"]
+        self.main_line = self.ctrl[len(self.lanes)]
+        for w in range(self.num_procs):
+            self.conns[w].send(("attach", "/" + self._shm.name, self.layout, self.autoreset_mode, self.spin))
+        for w in range(self.num_procs):
+            msg = self._recv(w, deadline, "attach")
+            if msg[0] != "ready":
+                raise RuntimeError(f"worker {w} answered {msg[0]!r} to attach")
+        # Every worker has mapped the segment: drop its name, so that nothing is left in
+        # /dev/shm whatever happens to this process from now on (the memory lives while mapped).
+        self._shm.unlink()
+        self._unlinked = True
+        if main_envs:
+            self.main_block = EnvBlock(main_envs, self.lanes[-1].start, len(self.lanes) - 1, self.layout,
+                                       self.views, self.autoreset_mode, obs_space, act_space)
+        self._done_col = self.ctrl[: self.num_procs, P.DONE]
+
+    def _recv(self, w: int, deadline: float | None, phase: str) -> Any:
+        """Receive one message from worker ``w``, watching its liveness and the deadline."""
+        conn, proc = self.conns[w], self.procs[w]
+        while True:
+            wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if wait <= 0:
+                self._fail_timeout(f"worker {w} did not answer during {phase} within the timeout")
+            ready = mp_wait([conn, proc.sentinel], wait)
+            if conn in ready:
+                try:
+                    return conn.recv()
+                except EOFError:
+                    pass
+            if proc.sentinel in ready or not proc.is_alive():
+                proc.join(1.0)
+                self.broken = True
+                raise WorkerDied(w, proc.exitcode, self.lanes[w])
+
+    def _fail_timeout(self, message: str) -> None:
+        self.broken = True
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        raise StepTimeout(message)
+
+    # -- one command round -----------------------------------------------------------------
+    def run(self, cmd: int, payloads: list | None = None, timeout: float | None = -1.0) -> list:
+        """Run ``cmd`` on every lane; return one reply per lane (``None`` where it had none).
+
+        ``payloads`` holds one picklable payload per lane (or ``None``). Raises
+        :class:`WorkerError` for an exception in an env, :class:`WorkerDied` or
+        :class:`StepTimeout`; after those two the pool is broken and must be shut down.
+        """
+        if self.closed or self.broken:
+            raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
+        if timeout == -1.0:
+            timeout = self.timeout
+        nproc = self.num_procs
+        seq = self.seq = self.seq + 1
+        ctrl = self.ctrl
+        if nproc:
+            for w in range(nproc):
+                ctrl[w, P.CMD] = cmd
+                ctrl[w, P.PAYLOAD] = 1 if payloads is not None and payloads[w] is not None else 0
+            fence()
+            ctrl[:nproc, P.GO] = seq
+            fence()
+            for w in range(nproc):
+                if ctrl[w, P.SLEEPING]:
+                    ring(self.wake_w[w])
+            if payloads is not None:
+                for w in range(nproc):
+                    if payloads[w] is not None:
+                        self.conns[w].send(payloads[w])
+        replies: list[Any] = [None] * len(self.lanes)
+        errors: list[dict] = []
+        if self.main_block is not None:
+            try:
+                replies[-1] = self.main_block.run(cmd, None if payloads is None else payloads[-1])
+            except (KeyboardInterrupt, SystemExit):
+                self.broken = True
+                raise
+            except Exception as exc:
+                errors.append(P.error_report(exc, len(self.lanes) - 1, self.main_block.current,
+                                             PHASES.get(cmd, str(cmd))))
+        if nproc:
+            self._wait_done(seq, timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for w in range(nproc):
+                status = ctrl[w, P.STATUS]
+                if status == P.REPLY:
+                    replies[w] = self._recv(w, deadline, PHASES.get(cmd, str(cmd)))
+                elif status == P.ERROR:
+                    errors.append(self._recv(w, deadline, PHASES.get(cmd, str(cmd))))
+        if errors:
+            errors.sort(key=lambda r: r["worker_index"])
+            raise WorkerError(errors[0])
+        return replies
+
+    def _wait_done(self, seq: int, timeout: float | None) -> None:
+        done_col = self._done_col
+        if self.num_procs == 1:
+            def all_done() -> bool:
+                return done_col[0] == seq
+        else:
+            def all_done() -> bool:
+                return bool((done_col == seq).all())
+
+        policy = self._wait_policy
+        t0 = time.perf_counter()
+        if not spin_until(all_done, policy):
+            sentinels = [p.sentinel for p in self.procs]
+            try:
+                dead = block_until(all_done, self.main_line, self.done_r, sentinels, timeout)
+            except TimeoutError:
+                late = [w for w in range(self.num_procs) if done_col[w] != seq]
+                self._fail_timeout(f"workers {late} did not finish within timeout={timeout} s; they were stopped")
+            if dead:
+                for w, proc in enumerate(self.procs):
+                    if proc.sentinel in dead:
+                        proc.join(1.0)
+                        self.broken = True
+                        raise WorkerDied(w, proc.exitcode, self.lanes[w])
+        policy.update(time.perf_counter() - t0)
+        fence()
+
+    # -- shutdown --------------------------------------------------------------------------
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the workers (politely, then by force), close the envs, release the segment.
+
+        Idempotent; safe to call from a finalizer or after a fault.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        if self.procs and not self.broken and self.views:
+            try:
+                self.closed = False
+                self.run(P.CLOSE, timeout=timeout)
+            except Exception:
+                pass
+            finally:
+                self.closed = True
+        elif self.main_block is not None or getattr(self, "_main_envs", None):
+            envs = self.main_block.envs if self.main_block is not None else self._main_envs
+            for env in envs:
+                try:
+                    env.close()
+                except Exception:
+                    pass
+        for proc in self.procs:
+            proc.join(timeout if not self.broken else 0.2)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        for conn in (*self.conns, *self._wake_conns, *self._done_conns):
+            try:
+                conn.close()
+            except OSError:
+                pass
+        if self._shm is not None and not self._unlinked:
+            self._unlinked = True
+            try:
+                self._shm.close()
+                self._shm.unlink()
+            except (FileNotFoundError, BufferError):
+                pass
+        # Our mapping is freed when the last view of it is gone (views handed out with
+        # copy=False may outlive the env; they stay valid, the name is already unlinked).
+        self.main_block = None
+        self.views = {}
+        self._mmap = None

@@ -1,0 +1,52 @@
+"""The worker protocol: command codes, status codes and the words of a control line.
+
+Each worker owns one 64-byte control line (8 int64 words) in the shared segment; the main
+process owns the line after the last worker. One command round is:
+
+1. main writes ``CMD`` (and ``PAYLOAD`` = 1 when a pickled payload follows on the worker's
+   pipe), then bumps ``GO``; if the worker's ``SLEEPING`` word is set, main writes one wake
+   byte to the worker's wake pipe.
+2. the worker sees ``GO`` change (spinning, or woken), reads the payload if any, executes.
+3. the worker writes its results into the shared arrays, then ``STATUS``, then sets ``DONE``
+   to the value of ``GO``; if main's ``SLEEPING`` word is set, it writes one byte to the
+   shared done pipe. When ``STATUS`` is not ``OK`` a pickled reply follows on its pipe.
+
+The full sequence, with the wait strategy, is drawn in ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+# Words of a control line.
+GO = 0  # command sequence number, written by main
+CMD = 1  # command code, written by main
+PAYLOAD = 2  # 1 when a pickled payload follows on the worker's pipe
+DONE = 3  # sequence number of the last finished command, written by the worker
+STATUS = 4  # result of the last command, written by the worker
+SLEEPING = 5  # 1 while the owner of this line blocks in the kernel
+
+# Commands.
+STEP = 1
+RESET = 2
+CALL = 3  # payload: (name, args, kwargs); reply: one result per env
+SET_ATTR = 4  # payload: (name, values for the worker's envs)
+CLOSE = 5
+
+# Statuses.
+OK = 0  # nothing follows
+REPLY = 1  # a pickled reply follows on the pipe
+ERROR = 2  # a pickled error report (see error_report) follows on the pipe
+
+
+def error_report(exc: BaseException, worker_index: int, env_index: int | None, phase: str) -> dict[str, Any]:
+    """A picklable description of an exception raised inside a worker."""
+    return {
+        "worker_index": worker_index,
+        "env_index": env_index,
+        "phase": phase,
+        "exc_type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }

@@ -1,0 +1,141 @@
+"""Spin-then-block waiting on words of the shared control block, and the wake pipes behind it.
+
+Why this shape (figures in ``docs/architecture.md``): on a small VM a kernel wake-up (pipe,
+semaphore, eventfd) costs 30-60 us one way, while a spin on a shared word sees a change in
+well under a microsecond. Spinning only pays while the spinner has a core of its own, so every
+wait spins for a bounded budget and then blocks on a pipe; the side that completes a wait
+writes a wake byte only when the waiter has announced (``SLEEPING``) that it is blocking.
+
+The announce/check handshake is Dekker's: each side stores its word, issues a full fence, then
+loads the other side's word, so at least one of them sees the other. Every block also has a
+short timeout after which the words are checked again, so even a lost wake-up costs latency,
+never a hang.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+
+from shmvec.protocol import SLEEPING
+
+_fence_lock = threading.Lock()
+
+
+def fence() -> None:
+    """A full memory barrier.
+
+    An uncontended lock acquire/release runs an atomic read-modify-write instruction
+    (``lock cmpxchg`` on x86), which orders every earlier store before every later load.
+    """
+    _fence_lock.acquire()
+    _fence_lock.release()
+
+
+def make_nonblocking_pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
+
+
+def ring(fd: int) -> None:
+    """Write one wake byte; a full pipe already holds a pending wake-up, so that is fine."""
+    try:
+        os.write(fd, b"\x01")
+    except (BlockingIOError, BrokenPipeError):
+        pass
+
+
+def drain(fd: int) -> None:
+    try:
+        while len(os.read(fd, 4096)) == 4096:
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
+
+
+class SpinPolicy:
+    """How long to spin before blocking, adapted to the gaps actually seen.
+
+    A wait that was satisfied within ``max_spin`` keeps the full budget (spinning pays: the
+    next event will likely come as quickly). A wait that had to block shrinks the budget to
+    ``min_spin``, so a waiter whose partner is busy for long (a policy forward pass, a slow
+    env) stops burning a core the partner may need.
+    """
+
+    __slots__ = ("max_spin", "min_spin", "budget", "yield_every")
+
+    def __init__(self, max_spin: float, min_spin: float, oversubscribed: bool) -> None:
+        self.max_spin = max_spin
+        self.min_spin = min(min_spin, max_spin)
+        self.budget = max_spin
+        # With more busy processes than cores a spinner yields its core often, so the
+        # process it is waiting for gets to run.
+        self.yield_every = 16 if oversubscribed else 0
+
+    def update(self, waited: float) -> None:
+        self.budget = self.max_spin if waited <= self.max_spin else self.min_spin
+
+
+def spin_until(done: Callable[[], bool], policy: SpinPolicy) -> bool:
+    """Spin on ``done()`` for at most the policy's budget; return whether it became true."""
+    if done():
+        return True
+    budget = policy.budget
+    if budget <= 0:
+        return False
+    clock = time.perf_counter
+    end = clock() + budget
+    yield_every = policy.yield_every
+    i = 0
+    while clock() < end:
+        if done():
+            return True
+        i += 1
+        if yield_every and i % yield_every == 0:
+            os.sched_yield()
+    return False
+
+
+def block_until(
+    done: Callable[[], bool],
+    ctrl_line,
+    wake_fd: int,
+    watch: list[int],
+    timeout: float | None,
+    poll_interval: float = 0.5,
+) -> list[int]:
+    """Block on ``wake_fd`` (and ``watch`` fds) until ``done()``; announce it in ``ctrl_line``.
+
+    Returns the fds in ``watch`` that became readable (sentinels of processes that died), or
+    an empty list when ``done()`` became true. Raises ``TimeoutError`` after ``timeout``
+    seconds (``None``: never).
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    fds = [wake_fd, *watch]
+    try:
+        while True:
+            ctrl_line[SLEEPING] = 1
+            fence()
+            if done():
+                return []
+            wait = poll_interval
+            if deadline is not None:
+                wait = min(wait, deadline - time.monotonic())
+                if wait <= 0:
+                    raise TimeoutError
+            ready, _, _ = select.select(fds, [], [], wait)
+            ctrl_line[SLEEPING] = 0
+            if wake_fd in ready:
+                drain(wake_fd)
+            dead = [fd for fd in ready if fd != wake_fd]
+            if done():
+                return []
+            if dead:
+                return dead
+    finally:
+        ctrl_line[SLEEPING] = 0

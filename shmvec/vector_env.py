@@ -1,0 +1,354 @@
+"""``ShmVecEnv``: Gymnasium's ``VectorEnv`` API over a :class:`~shmvec.pool.WorkerPool`."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.error import ResetNeeded
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from shmvec import protocol as P
+from shmvec.errors import ClosedError, WorkerError
+from shmvec.layout import Leaf, assemble, flatten
+from shmvec.pool import WorkerPool, usable_cores
+
+__all__ = ["ShmVecEnv", "make"]
+
+
+class ShmVecEnv(VectorEnv):
+    """Vectorized environment whose workers step blocks of envs in shared memory.
+
+    Observations, actions, rewards and episode flags live in one shared-memory segment: workers
+    write results straight into it and only command bytes cross the pipes. Semantics (seeding,
+    autoreset modes, infos) are those of :class:`gymnasium.vector.SyncVectorEnv`, bit for bit.
+
+    Example
+    -------
+    >>> import gymnasium as gym, shmvec
+    >>> envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=2)
+    >>> obs, infos = envs.reset(seed=42)
+    >>> obs.shape
+    (4, 4)
+    >>> obs, rewards, terminations, truncations, infos = envs.step(envs.action_space.sample())
+    >>> rewards
+    array([1., 1., 1., 1.])
+    >>> envs.close()
+
+    Parameters
+    ----------
+    env_fns : sequence of callables
+        Factories returning ``gymnasium.Env``; lambdas and closures are fine (cloudpickle).
+    num_workers : int, optional
+        Number of env blocks stepped in parallel; defaults to the usable cores (at most
+        ``num_envs``). With ``step_in_main`` one of them is the calling process.
+    step_in_main : bool, default True
+        Step the last block in the calling process while the worker processes step theirs:
+        on few cores this is what beats a serial loop (no core idles in a wait). Set it to
+        ``False`` to keep every env out of the main process (an env that crashes its process
+        then cannot take yours down).
+    autoreset_mode : AutoresetMode or str, default NEXT_STEP
+        Gymnasium's autoreset mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED``.
+    copy : bool, default True
+        Return arrays the caller owns. ``False`` returns read-only views of the shared buffers,
+        valid until the next ``step``/``reset`` (zero copies).
+    context : str, optional
+        ``multiprocessing`` start method: ``"fork"``, ``"forkserver"`` or ``"spawn"``.
+    timeout : float, optional
+        Seconds any command may take before :class:`~shmvec.StepTimeout`; ``None`` waits
+        forever (a dead worker is still noticed within half a second).
+    validate_actions : bool, default True
+        Refuse actions of the wrong shape, a non-integer dtype for discrete spaces, or values
+        outside the action space (Box bounds included), with a ``ValueError``, before any
+        worker sees them. Costs a few numpy reductions per step.
+    spin_us : float, optional
+        Microseconds a wait spins before it blocks; default: 2000 when every process has a
+        core of its own, else 0.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], gym.Env]],
+        *,
+        num_workers: int | None = None,
+        step_in_main: bool = True,
+        autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
+        copy: bool = True,
+        context: str | None = None,
+        timeout: float | None = None,
+        validate_actions: bool = True,
+        spin_us: float | None = None,
+    ) -> None:
+        super().__init__()
+        env_fns = list(env_fns)
+        if not env_fns:
+            raise ValueError("env_fns is empty: ShmVecEnv needs at least one environment factory")
+        for i, fn in enumerate(env_fns):
+            if not callable(fn):
+                raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, expected a callable that returns an env")
+        self.num_envs = len(env_fns)
+        self.autoreset_mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        if num_workers is None:
+            num_workers = usable_cores()
+        if not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+        self.num_workers = min(num_workers, self.num_envs)
+        self.copy = copy
+        self.validate_actions = validate_actions
+        self._pool = WorkerPool(env_fns, self.num_workers, step_in_main, context, self.autoreset_mode.value,
+                                timeout, spin_us)
+        self._finalizer = weakref.finalize(self, self._pool.shutdown)
+        pool = self._pool
+        self.context = pool.context
+        self.single_observation_space = pool.observation_space
+        self.single_action_space = pool.action_space
+        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = batch_space(self.single_action_space, self.num_envs)
+        self.metadata = dict(pool.metadata)
+        self.metadata["autoreset_mode"] = self.autoreset_mode
+        self.render_mode = pool.render_mode
+
+        layout, views = pool.layout, pool.views
+        self._act_leaves: list[Leaf] = layout.act_leaves
+        self._act_views = layout.leaf_views(views, "act")
+        self._obs_views = layout.leaf_views(views, "obs")
+        self._final_views = layout.leaf_views(views, "final_obs") if layout.with_final_obs else []
+        readonly = []
+        for v in (*self._obs_views, views["rewards"], views["terminations"], views["truncations"]):
+            ro = v.view()
+            ro.flags.writeable = False
+            readonly.append(ro)
+        k = len(self._obs_views)
+        self._obs_readonly = assemble(self.single_observation_space, readonly[:k])
+        self._rewards_ro, self._terms_ro, self._truncs_ro = readonly[k:]
+        self._rewards, self._terms, self._truncs = views["rewards"], views["terminations"], views["truncations"]
+        self._autoreset = views["autoreset"]
+        self._stats = {name: views[name] for name in ("last_return", "last_length", "episode_count",
+                                                        "episode_return", "episode_length")}
+        self._needs_reset = True
+
+    # -- the VectorEnv API ----------------------------------------------------------------
+    def reset(
+        self,
+        *,
+        seed: int | Sequence[int | None] | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> tuple[Any, dict[str, Any]]:
+        """Reset all envs (or those in ``options["reset_mask"]``) and return ``(obs, infos)``.
+
+        ``seed=int`` seeds env ``i`` with ``seed + i``; a list gives one seed (or ``None``) per env.
+        """
+        n = self.num_envs
+        if seed is None:
+            seeds = None
+        elif isinstance(seed, (int, np.integer)):
+            seeds = [int(seed) + i for i in range(n)]
+        else:
+            seeds = list(seed)
+            if len(seeds) != n:
+                raise ValueError(f"reset(seed=...) got {len(seeds)} seeds, expected one per env (num_envs={n})")
+        mask = None
+        if options is not None and "reset_mask" in options:
+            options = dict(options)
+            mask = options.pop("reset_mask")
+            if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (n,):
+                raise ValueError(
+                    f"options['reset_mask'] must be a bool numpy array of shape ({n},), got "
+                    f"{type(mask).__name__} {getattr(mask, 'dtype', '')} {getattr(mask, 'shape', '')}"
+                )
+            if not mask.any():
+                raise ValueError("options['reset_mask'] has no True entry: nothing to reset")
+        payloads = None
+        if seeds is not None or options is not None or mask is not None:
+            payloads = [
+                (None if seeds is None else seeds[lane.start:lane.stop], options,
+                 None if mask is None else mask[lane.start:lane.stop])
+                for lane in self._pool.lanes
+            ]
+        replies = self._run(P.RESET, payloads)
+        self._needs_reset = False
+        return self._observations(), self._merge_infos(replies, same_step=False)
+
+    def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+        """Step every env with its row of ``actions``; see Gymnasium's ``VectorEnv.step``."""
+        if self._needs_reset:
+            if self.closed:
+                raise ClosedError("step() on a closed ShmVecEnv")
+            raise ResetNeeded("ShmVecEnv.step() was called before reset(); call reset() first")
+        if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset.any():
+            ended = np.flatnonzero(self._autoreset).tolist()
+            raise ValueError(
+                f"envs {ended} ended their episode and autoreset_mode is DISABLED: reset them first "
+                "with reset(options={'reset_mask': mask})"
+            )
+        self._write_actions(actions)
+        replies = self._run(P.STEP)
+        infos = self._merge_infos(replies, same_step=self.autoreset_mode is AutoresetMode.SAME_STEP)
+        if self.copy:
+            return self._observations(), self._rewards.copy(), self._terms.copy(), self._truncs.copy(), infos
+        return self._obs_readonly, self._rewards_ro, self._terms_ro, self._truncs_ro, infos
+
+    def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Call method ``name`` of every env (or read the attribute if not callable)."""
+        replies = self._run(P.CALL, [(name, args, kwargs)] * len(self._pool.lanes), closes_on_error=False)
+        return tuple(result for lane in replies for result in lane)
+
+    def get_attr(self, name: str) -> tuple[Any, ...]:
+        """The attribute ``name`` of every env."""
+        return self.call(name)
+
+    def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
+        """Set attribute ``name`` of every env: one value for all, or a list/tuple of one per env."""
+        if not isinstance(values, (list, tuple)):
+            values = [values] * self.num_envs
+        if len(values) != self.num_envs:
+            raise ValueError(f"set_attr({name!r}) got {len(values)} values, expected one per env ({self.num_envs})")
+        payloads = [(name, list(values[lane.start:lane.stop])) for lane in self._pool.lanes]
+        self._run(P.SET_ATTR, payloads, closes_on_error=False)
+
+    def render(self) -> tuple[Any, ...]:
+        """The frames rendered by every env (per its ``render_mode``)."""
+        return self.call("render")
+
+    def close_extras(self, **kwargs: Any) -> None:
+        """Stop the workers, close every env and release the shared memory."""
+        self._needs_reset = True
+        self._finalizer()
+
+    # -- episode statistics ---------------------------------------------------------------
+    @property
+    def episode_returns(self) -> np.ndarray:
+        """Return of each env's last finished episode (0 until one finishes), counted in the workers."""
+        return self._stats["last_return"].copy()
+
+    @property
+    def episode_lengths(self) -> np.ndarray:
+        """Length of each env's last finished episode (0 until one finishes)."""
+        return self._stats["last_length"].copy()
+
+    @property
+    def episode_counts(self) -> np.ndarray:
+        """Number of finished episodes per env since construction."""
+        return self._stats["episode_count"].copy()
+
+    # -- internals ------------------------------------------------------------------------
+    def _run(self, cmd: int, payloads: list | None = None, closes_on_error: bool = True) -> list:
+        if self.closed:
+            raise ClosedError("this ShmVecEnv is closed; create a new one")
+        try:
+            return self._pool.run(cmd, payloads)
+        except WorkerError:
+            if closes_on_error or self._pool.broken:
+                self.close()
+            raise
+        except BaseException:
+            # A dead or stuck worker, or an interrupt mid-command: the envs' state is unknown.
+            self.close()
+            raise
+
+    def _merge_infos(self, replies: list, same_step: bool) -> dict[str, Any]:
+        """Gymnasium's dict-of-arrays infos, built in env order exactly as SyncVectorEnv does."""
+        reports = {env: (final_info, info) for lane in replies if lane for env, final_info, info in lane}
+        ended = np.flatnonzero(self._terms | self._truncs).tolist() if same_step else []
+        infos: dict[str, Any] = {}
+        if not reports and not ended:
+            return infos
+        for i in sorted(reports.keys() | set(ended)) if ended else sorted(reports):
+            final_info, info = reports.get(i, (None, None))
+            if same_step and i in ended:
+                final_obs = assemble(self.single_observation_space, [v[i].copy() for v in self._final_views])
+                infos = self._add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, i)
+            if info:
+                infos = self._add_info(infos, info, i)
+        return infos
+
+    def _observations(self) -> Any:
+        if not self.copy:
+            return self._obs_readonly
+        return assemble(self.single_observation_space, [v.copy() for v in self._obs_views])
+
+    def _write_actions(self, actions: Any) -> None:
+        n = self.num_envs
+        if len(self._act_leaves) == 1 and not self._act_leaves[0].path:
+            parts = [actions]
+        else:
+            try:
+                parts = flatten(self.single_action_space, actions)
+            except (KeyError, IndexError, TypeError) as exc:
+                raise ValueError(
+                    f"actions do not match action_space {self.action_space}: {type(exc).__name__}: {exc}"
+                ) from None
+        for leaf, view, part in zip(self._act_leaves, self._act_views, parts):
+            a = np.asarray(part)
+            if a.shape != view.shape:
+                raise ValueError(
+                    f"actions{leaf.field} have shape {a.shape}, expected {view.shape} "
+                    f"(num_envs={n}, single_action_space{leaf.field}={leaf.space})"
+                )
+            if self.validate_actions:
+                check_actions(leaf, a)
+            np.copyto(view, a, casting="unsafe")
+
+
+def check_actions(leaf: Leaf, a: np.ndarray) -> None:
+    """Raise ``ValueError`` if the batch ``a`` is not made of valid samples of ``leaf.space``."""
+    space = leaf.space
+    where = f"actions{leaf.field}"
+    if isinstance(space, gym.spaces.Box):
+        if a.dtype.kind not in "fiub":
+            raise ValueError(f"{where} have dtype {a.dtype}, expected a number type for {space}")
+        bad = ~((a >= space.low) & (a <= space.high))  # NaN fails both comparisons
+    else:
+        if a.dtype.kind not in "iub":
+            raise ValueError(f"{where} have dtype {a.dtype}, expected integers for {space}")
+        if isinstance(space, gym.spaces.MultiBinary):
+            bad = (a != 0) & (a != 1)
+        else:
+            start = space.start
+            high = start + (space.n if isinstance(space, gym.spaces.Discrete) else space.nvec)
+            bad = (a < start) | (a >= high)
+    if bad.any():
+        env = int(np.argwhere(bad)[0][0])
+        raise ValueError(f"{where}[{env}] = {a[env]!r} is outside the action space {space} (env {env})")
+
+
+class _MakeEnv:
+    """A picklable ``gym.make`` call (plus wrappers) for one env."""
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any], wrappers: Sequence[Callable] | None) -> None:
+        self.env_id, self.env_kwargs, self.wrappers = env_id, env_kwargs, list(wrappers or [])
+
+    def __call__(self) -> gym.Env:
+        env = gym.make(self.env_id, **self.env_kwargs)
+        for wrapper in self.wrappers:
+            env = wrapper(env)
+        return env
+
+
+def make(
+    env_id: str,
+    num_envs: int = 1,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    wrappers: Sequence[Callable[[gym.Env], gym.Env]] | None = None,
+    **vector_kwargs: Any,
+) -> ShmVecEnv:
+    """Create a :class:`ShmVecEnv` of ``num_envs`` copies of a registered Gymnasium env.
+
+    >>> import shmvec
+    >>> envs = shmvec.make("CartPole-v1", num_envs=8, num_workers=2)
+    >>> envs.num_envs
+    8
+    >>> envs.close()
+
+    ``env_kwargs`` go to ``gymnasium.make``; ``wrappers`` are applied to each env in order;
+    everything else goes to :class:`ShmVecEnv`.
+    """
+    if not isinstance(num_envs, int) or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    factory = _MakeEnv(env_id, dict(env_kwargs or {}), wrappers)
+    return ShmVecEnv([factory] * num_envs, **vector_kwargs)

@@ -1,0 +1,353 @@
+"""Stepping a contiguous block of envs into shared arrays, and the worker process around it.
+
+:class:`EnvBlock` holds envs ``[start, stop)`` and runs one command on all of them, reading
+actions from and writing results to the shared views. The same class serves a worker process
+(:func:`worker_main`) and the block the main process steps itself, so both behave identically.
+
+Only the standard library is imported at module level: a spawned worker sets the thread-count
+variables of BLAS/OpenMP before numpy is first imported.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
+class EnvObsError(ValueError):
+    """An env returned something that does not fit its declared space."""
+
+
+class EnvBlock:
+    """The envs ``[start, start + len(envs))`` of a vector env, stepping into shared views."""
+
+    def __init__(self, envs: list, start: int, worker_index: int, layout, views: dict, autoreset_mode: str,
+                 observation_space, action_space) -> None:
+        import numpy as np
+
+        self.envs = envs
+        self.start = start
+        self.stop = start + len(envs)
+        self.worker_index = worker_index
+        self.mode = autoreset_mode  # "NextStep" | "SameStep" | "Disabled"
+        self.observation_space = observation_space
+        self.action_space = action_space
+        sl = slice(self.start, self.stop)
+        self.obs = [v[sl] for v in layout.leaf_views(views, "obs")]
+        self.final_obs = [v[sl] for v in layout.leaf_views(views, "final_obs")] if layout.with_final_obs else []
+        self.act = [v[sl] for v in layout.leaf_views(views, "act")]
+        self.obs_leaves = layout.obs_leaves
+        self.flat_obs = len(self.obs_leaves) == 1 and not self.obs_leaves[0].path
+        self.flat_act = len(layout.act_leaves) == 1 and not layout.act_leaves[0].path
+        self.act_scalar = [leaf.shape == () for leaf in layout.act_leaves]
+        self.rewards = views["rewards"][sl]
+        self.terminations = views["terminations"][sl]
+        self.truncations = views["truncations"][sl]
+        self.autoreset = views["autoreset"][sl]
+        self.ep_return = views["episode_return"][sl]
+        self.ep_length = views["episode_length"][sl]
+        self.last_return = views["last_return"][sl]
+        self.last_length = views["last_length"][sl]
+        self.ep_count = views["episode_count"][sl]
+        self.current: int | None = None  # global index of the env being served, for error reports
+        self._np = np
+
+    # -- writing results -------------------------------------------------------------------
+    def _write_obs(self, targets: list, j: int, obs: Any) -> None:
+        if self.flat_obs:
+            self._write_leaf(targets[0], 0, j, obs)
+            return
+        from shmvec.layout import flatten
+
+        try:
+            parts = flatten(self.observation_space, obs)
+        except (KeyError, IndexError, TypeError) as exc:
+            raise EnvObsError(
+                f"env {self.start + j} returned an observation that does not match observation_space "
+                f"{self.observation_space}: {type(exc).__name__}: {exc}"
+            ) from None
+        for k, part in enumerate(parts):
+            self._write_leaf(targets[k], k, j, part)
+
+    def _write_leaf(self, target, k: int, j: int, value: Any) -> None:
+        leaf = self.obs_leaves[k]
+        shape = getattr(value, "shape", None)
+        if shape is not None and shape != leaf.shape:
+            raise EnvObsError(
+                f"env {self.start + j} returned observation{leaf.field} of shape {shape}, "
+                f"expected {leaf.shape} (dtype {leaf.dtype}) from its observation_space"
+            )
+        try:
+            target[j] = value
+        except (ValueError, TypeError) as exc:
+            raise EnvObsError(
+                f"env {self.start + j} returned observation{leaf.field} {value!r:.80} that does not fit "
+                f"shape {leaf.shape}, dtype {leaf.dtype}: {exc}"
+            ) from None
+
+    def _action(self, j: int) -> Any:
+        if self.flat_act:
+            a = self.act[0][j]
+            return a if self.act_scalar[0] else a.copy()
+        from shmvec.layout import assemble
+
+        parts = [a[j] if scalar else a[j].copy() for a, scalar in zip(self.act, self.act_scalar)]
+        return assemble(self.action_space, parts)
+
+    # -- commands --------------------------------------------------------------------------
+    def step(self) -> list | None:
+        """Step every env; return ``[(env_index, final_info, info), ...]`` for the envs that
+        have something to report (``None`` if none), where ``final_info`` is the step info of an
+        episode that ended under same-step autoreset (``None`` when not that case)."""
+        envs, obs = self.envs, self.obs
+        mode = self.mode
+        autoreset = self.autoreset.tolist()
+        n = len(envs)
+        rews = [0.0] * n
+        terms = [False] * n
+        truncs = [False] * n
+        reports = None
+        for j in range(n):
+            env = envs[j]
+            self.current = self.start + j
+            final_info = None
+            if autoreset[j] and mode == "NextStep":
+                o, info = env.reset()
+            else:
+                o, r, te, tr, info = env.step(self._action(j))
+                rews[j] = r
+                terms[j] = te
+                truncs[j] = tr
+                if (te or tr) and mode == "SameStep":
+                    self._write_obs(self.final_obs, j, o)
+                    final_info = info
+                    o, info = env.reset()
+            self._write_obs(obs, j, o)
+            if info or final_info is not None:
+                if reports is None:
+                    reports = []
+                reports.append((self.start + j, final_info, info))
+        self.current = None
+        self.rewards[:] = rews
+        self.terminations[:] = terms
+        self.truncations[:] = truncs
+        self._count_episodes(autoreset)
+        return reports
+
+    def _count_episodes(self, was_autoreset: list) -> None:
+        np = self._np
+        ended = self.terminations | self.truncations
+        self.ep_return += self.rewards
+        if self.mode == "NextStep":
+            self.ep_length += ~np.asarray(was_autoreset, dtype=bool)
+        else:
+            self.ep_length += 1
+        if self.mode != "SameStep":
+            self.autoreset[:] = ended
+        if ended.any():
+            self.last_return[ended] = self.ep_return[ended]
+            self.last_length[ended] = self.ep_length[ended]
+            self.ep_count[ended] += 1
+            self.ep_return[ended] = 0.0
+            self.ep_length[ended] = 0
+
+    def reset(self, payload: tuple | None) -> list | None:
+        """Reset envs; payload is ``(seeds, options, mask)`` for this block or ``None``."""
+        seeds, options, mask = payload if payload is not None else (None, None, None)
+        reports = None
+        for j, env in enumerate(self.envs):
+            if mask is not None and not mask[j]:
+                continue
+            self.current = self.start + j
+            kwargs: dict[str, Any] = {}
+            if seeds is not None:
+                kwargs["seed"] = seeds[j]
+            if options is not None:
+                kwargs["options"] = options
+            o, info = env.reset(**kwargs)
+            self._write_obs(self.obs, j, o)
+            if info:
+                if reports is None:
+                    reports = []
+                reports.append((self.start + j, None, info))
+            self.terminations[j] = False
+            self.truncations[j] = False
+            self.autoreset[j] = False
+            self.ep_return[j] = 0.0
+            self.ep_length[j] = 0
+        self.current = None
+        return reports
+
+    def call(self, payload: tuple) -> list:
+        """Call a method (or read an attribute) by name on every env, through wrappers."""
+        name, args, kwargs = payload
+        results = []
+        for j, env in enumerate(self.envs):
+            self.current = self.start + j
+            attr = env.get_wrapper_attr(name)
+            results.append(attr(*args, **kwargs) if callable(attr) else attr)
+        self.current = None
+        return results
+
+    def set_attr(self, payload: tuple) -> None:
+        name, values = payload
+        for j, env in enumerate(self.envs):
+            self.current = self.start + j
+            env.set_wrapper_attr(name, values[j])
+        self.current = None
+
+    def close(self) -> None:
+        for j, env in enumerate(self.envs):
+            self.current = self.start + j
+            env.close()
+        self.current = None
+
+    def run(self, cmd: int, payload: Any) -> Any:
+        """Execute one protocol command; return the reply (``None`` when there is none)."""
+        from shmvec import protocol as P
+
+        if cmd == P.STEP:
+            return self.step()
+        if cmd == P.RESET:
+            return self.reset(payload)
+        if cmd == P.CALL:
+            return self.call(payload)
+        if cmd == P.SET_ATTR:
+            return self.set_attr(payload)
+        if cmd == P.CLOSE:
+            return self.close()
+        raise ValueError(f"unknown command {cmd}")
+
+
+PHASES = {1: "step", 2: "reset", 3: "call", 4: "set_attr", 5: "close"}
+
+
+def attach_segment(name: str, size: int):
+    """Map an existing segment without registering it with the resource tracker.
+
+    ``SharedMemory(name)`` registers the segment in every process that opens it (before
+    Python 3.13), and the tracker then unlinks it when that process exits: only the main
+    process, which created it, may own its name.
+    """
+    import mmap
+
+    import _posixshmem
+
+    fd = _posixshmem.shm_open(name, os.O_RDWR, mode=0o600)
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+
+
+def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
+    """Entry point of a worker process: build the envs, attach, serve commands until CLOSE.
+
+    ``conn`` carries the handshake and the rare pickled payloads and replies; ``wake_r`` and
+    ``done_w`` are the read end of this worker's wake pipe and the write end of the shared
+    done pipe (``Connection`` objects, so that every start method can pass them).
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns shutdown
+    for var in _THREAD_VARS:
+        os.environ.setdefault(var, "1")
+
+    import multiprocessing as mp
+
+    import cloudpickle
+
+    from shmvec import protocol as P
+
+    block = None
+    try:
+        env_fns = cloudpickle.loads(env_fns_blob)
+        envs = []
+        for j, fn in enumerate(env_fns):
+            try:
+                envs.append(fn())
+            except BaseException as exc:
+                conn.send(("error", P.error_report(exc, index, start + j, "construct")))
+                for env in envs:
+                    env.close()
+                return
+        env0 = envs[0]
+        for j, env in enumerate(envs[1:], 1):
+            if env.observation_space != env0.observation_space or env.action_space != env0.action_space:
+                conn.send(("mismatch", start + j, (env.observation_space, env.action_space)))
+                return
+        conn.send(("spaces", env0.observation_space, env0.action_space, dict(env0.metadata),
+                   getattr(env0, "render_mode", None), getattr(env0, "spec", None)))
+        msg = conn.recv()
+        if msg[0] != "attach":
+            for env in envs:
+                env.close()
+            return
+        _, shm_name, layout, autoreset_mode, spin = msg
+        mm = attach_segment(shm_name, layout.size)
+        views = layout.views(mm)
+        block = EnvBlock(envs, start, index, layout, views, autoreset_mode, env0.observation_space,
+                         env0.action_space)
+        conn.send(("ready",))
+        parent = mp.parent_process()
+        _serve(block, views["ctrl"], index, conn, wake_r.fileno(), done_w.fileno(), spin,
+               parent.sentinel if parent is not None else None)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the main process went away: nothing to report to
+    finally:
+        if block is not None:
+            del block
+        conn.close()
+
+
+def _serve(block: EnvBlock, ctrl, index: int, conn, wake_r: int, done_w: int, spin: dict,
+           parent_sentinel: int | None) -> None:
+    from shmvec import protocol as P
+    from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
+
+    mine = ctrl[index]
+    main_line = ctrl[ctrl.shape[0] - 1]
+    policy = SpinPolicy(spin["max"], spin["min"], spin["oversubscribed"])
+    watch = [parent_sentinel] if parent_sentinel is not None else []
+    ppid = os.getppid()
+    seq = int(mine[P.DONE])
+    import time
+
+    clock = time.perf_counter
+    while True:
+        target = seq + 1
+
+        def arrived() -> bool:
+            return mine[P.GO] == target
+
+        t0 = clock()
+        if not spin_until(arrived, policy):
+            while True:
+                dead = block_until(arrived, mine, wake_r, watch, timeout=None)
+                if not dead and arrived():
+                    break
+                if dead or os.getppid() != ppid:
+                    return  # the main process died: exit quietly
+        policy.update(clock() - t0)
+        fence()
+        seq = target
+        cmd = int(mine[P.CMD])
+        payload = conn.recv() if mine[P.PAYLOAD] else None
+        try:
+            reply = block.run(cmd, payload)
+            status = P.OK if reply is None else P.REPLY
+        except BaseException as exc:
+            reply = P.error_report(exc, index, block.current, PHASES.get(cmd, str(cmd)))
+            status = P.ERROR
+        mine[P.STATUS] = status
+        fence()
+        mine[P.DONE] = seq
+        fence()
+        if main_line[P.SLEEPING]:
+            ring(done_w)
+        if status != P.OK:
+            conn.send(reply)
+        if cmd == P.CLOSE:
+            return
