@@ -219,6 +219,12 @@ class ShmVecEnv(VectorEnv):
         self._needs_reset = True
         self._finalizer()
 
+    def __enter__(self) -> ShmVecEnv:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
     # -- episode statistics ---------------------------------------------------------------
     @property
     def episode_returns(self) -> np.ndarray:

@@ -1,0 +1,36 @@
+import multiprocessing as mp
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def shm_entries() -> set[str]:
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith("shmvec_")}
+    except FileNotFoundError:
+        return set()
+
+
+def children_alive() -> list:
+    deadline = time.monotonic() + 5.0
+    while True:
+        alive = [p for p in mp.active_children() if p.name.startswith("shmvec-worker")]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Every test must leave no shared-memory segment and no worker process behind."""
+    before = shm_entries()
+    yield
+    import gc
+
+    gc.collect()
+    assert shm_entries() - before == set(), "a shared-memory segment outlived its vector env"
+    assert children_alive() == [], "a worker process outlived its vector env"

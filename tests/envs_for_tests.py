@@ -1,0 +1,127 @@
+"""Small envs for the tests: a nested-space env with infos, and envs that misbehave on purpose."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class NestedEnv(gym.Env):
+    """Dict/Tuple observations of every leaf kind, a Tuple action, random episode ends, infos."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        self.render_mode = render_mode
+        self.observation_space = spaces.Dict(
+            {
+                "pos": spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float32),
+                "flags": spaces.MultiBinary(4),
+                "inner": spaces.Tuple((spaces.Discrete(5, start=2), spaces.MultiDiscrete([3, 4]))),
+                "img": spaces.Box(0, 255, shape=(2, 3), dtype=np.uint8),
+            }
+        )
+        self.action_space = spaces.Tuple((spaces.Discrete(3), spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float64)))
+        self.t = 0
+        self.scale = 1.0
+
+    def _obs(self):
+        r = self.np_random
+        return {
+            "pos": r.uniform(-1, 1, size=3).astype(np.float32) * self.scale,
+            "flags": r.integers(0, 2, size=4).astype(np.int8),
+            "inner": (int(r.integers(2, 7)), r.integers(0, [3, 4]).astype(np.int64)),
+            "img": r.integers(0, 256, size=(2, 3)).astype(np.uint8),
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        info = {"reset_tag": 1} if self.np_random.random() < 0.5 else {}
+        if options and "scale" in options:
+            self.scale = options["scale"]
+        return self._obs(), info
+
+    def step(self, action):
+        discrete, box = action
+        self.t += 1
+        reward = float(discrete) + float(box.sum()) + float(self.np_random.normal())
+        terminated = bool(self.np_random.random() < 0.05)
+        truncated = bool(self.t >= 30)
+        info = {}
+        if self.np_random.random() < 0.3:
+            info["count"] = self.t
+            info["vec"] = np.full(2, self.t, dtype=np.float32)
+        if self.np_random.random() < 0.1:
+            info["nested"] = {"x": float(self.t)}
+        return self._obs(), reward, terminated, truncated, info
+
+    def render(self):
+        return np.full((2, 2, 3), self.t, dtype=np.uint8)
+
+    def double(self, x):
+        return 2 * x
+
+
+class FaultyEnv(gym.Env):
+    """CartPole-like spaces; misbehaves in the way ``fault`` names, at step ``at``."""
+
+    def __init__(self, fault: str = "none", at: int = 3) -> None:
+        if fault == "construct":
+            raise RuntimeError("constructor exploded")
+        self.fault, self.at, self.t = fault, at, 0
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        if self.fault == "reset":
+            raise ValueError("reset exploded")
+        return np.zeros(4, dtype=np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        obs = np.zeros(4, dtype=np.float32)
+        if self.t == self.at:
+            if self.fault == "raise":
+                raise ZeroDivisionError("step exploded")
+            if self.fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.fault == "exit":
+                os._exit(3)
+            if self.fault == "hang":
+                time.sleep(60)
+            if self.fault == "shape":
+                obs = np.zeros(5, dtype=np.float32)
+        return obs, 1.0, False, False, {}
+
+
+class SlowEnv(gym.Env):
+    """Spends about ``step_us`` microseconds of CPU per step."""
+
+    def __init__(self, step_us: float = 100.0) -> None:
+        self.step_s = step_us * 1e-6
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, dtype=np.float32), {}
+
+    def step(self, action):
+        end = time.perf_counter() + self.step_s
+        while time.perf_counter() < end:
+            pass
+        return np.zeros(4, dtype=np.float32), 1.0, False, False, {}
+
+
+class TextEnv(gym.Env):
+    def __init__(self) -> None:
+        self.observation_space = spaces.Text(5)
+        self.action_space = spaces.Discrete(2)
