@@ -1,0 +1,218 @@
+"""The VectorEnv surface of ShmVecEnv: spaces, copy semantics, call/attr/render, statistics, input checks."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from envs_for_tests import NestedEnv, TextEnv
+from gymnasium.error import ResetNeeded
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+import shmvec
+
+
+@pytest.fixture
+def cartpole_envs():
+    envs = shmvec.make("CartPole-v1", num_envs=6, num_workers=2)
+    yield envs
+    envs.close()
+
+
+def test_is_a_gymnasium_vector_env(cartpole_envs):
+    envs = cartpole_envs
+    assert isinstance(envs, VectorEnv)
+    assert envs.num_envs == 6
+    assert envs.single_observation_space == gym.make("CartPole-v1").observation_space
+    assert envs.observation_space.shape == (6, 4)
+    assert envs.action_space.shape == (6,)
+    assert envs.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
+
+
+def test_copy_true_returns_owned_arrays(cartpole_envs):
+    obs, _ = cartpole_envs.reset(seed=0)
+    obs2, rew, term, trunc, _ = cartpole_envs.step(np.zeros(6, dtype=np.int64))
+    assert not np.shares_memory(obs, obs2)
+    obs2[:] = 0  # ours to change
+    rew[:] = 5
+    obs3, rew3, *_ = cartpole_envs.step(np.zeros(6, dtype=np.int64))
+    assert np.all(rew3 == 1.0) and np.any(obs3 != 0)
+
+
+def test_copy_false_returns_readonly_views():
+    with shmvec.ShmVecEnv([NestedEnv] * 4, num_workers=2, copy=False) as envs:
+        ref = shmvec.ShmVecEnv([NestedEnv] * 4, num_workers=2)
+        obs, _ = envs.reset(seed=1)
+        ref_obs, _ = ref.reset(seed=1)
+        np.testing.assert_array_equal(obs["pos"], ref_obs["pos"])
+        with pytest.raises(ValueError, match="read-only"):
+            obs["pos"][0, 0] = 1.0
+        envs.action_space.seed(0)
+        a = envs.action_space.sample()
+        o1, r1, *_ = envs.step(a)
+        o2, r2, *_ = ref.step(a)
+        np.testing.assert_array_equal(o1["img"], o2["img"])
+        np.testing.assert_array_equal(r1, r2)
+        assert not r1.flags.writeable
+        ref.close()
+
+
+def test_call_get_set_attr_and_render():
+    with shmvec.ShmVecEnv([lambda: NestedEnv(render_mode="rgb_array")] * 5, num_workers=3) as envs:
+        envs.reset(seed=0)
+        assert envs.call("double", 21) == (42,) * 5
+        assert envs.get_attr("scale") == (1.0,) * 5
+        envs.set_attr("scale", [1.0, 2.0, 3.0, 4.0, 5.0])
+        assert envs.get_attr("scale") == (1.0, 2.0, 3.0, 4.0, 5.0)
+        envs.set_attr("scale", 7.0)
+        assert envs.get_attr("scale") == (7.0,) * 5
+        frames = envs.render()
+        assert len(frames) == 5 and frames[0].shape == (2, 2, 3)
+        assert envs.render_mode == "rgb_array"
+        with pytest.raises(ValueError, match="one per env"):
+            envs.set_attr("scale", [1.0, 2.0])
+        with pytest.raises(shmvec.WorkerError, match="AttributeError") as info:
+            envs.call("no_such_method")
+        assert info.value.env_index == 0 and "Traceback" in info.value.remote_traceback
+        # A failed call leaves stepping state intact: the env stays usable.
+        envs.step(envs.action_space.sample())
+
+
+def test_episode_statistics_counted_in_workers():
+    n = 4
+    with shmvec.make("CartPole-v1", num_envs=n, num_workers=2) as envs:
+        envs.reset(seed=0)
+        ret, length = np.zeros(n), np.zeros(n, dtype=int)
+        last_ret, last_len, counts = np.zeros(n), np.zeros(n, dtype=int), np.zeros(n, dtype=int)
+        prev_done = np.zeros(n, dtype=bool)
+        rng = np.random.default_rng(0)
+        for _ in range(400):
+            _, r, te, tr, _ = envs.step(rng.integers(0, 2, n))
+            live = ~prev_done  # NEXT_STEP: the step after an episode end is a reset, not a transition
+            ret += np.where(live, r, 0.0)
+            length += live
+            done = te | tr
+            last_ret[done], last_len[done] = ret[done], length[done]
+            counts += done
+            ret[done], length[done] = 0.0, 0
+            prev_done = done
+        assert counts.sum() > 20
+        np.testing.assert_array_equal(envs.episode_counts, counts)
+        np.testing.assert_array_equal(envs.episode_returns, last_ret)
+        np.testing.assert_array_equal(envs.episode_lengths, last_len)
+        np.testing.assert_array_equal(envs.episode_returns, envs.episode_lengths)  # CartPole: +1 per step
+
+
+def test_make_passes_env_kwargs_and_wrappers():
+    with shmvec.make("CartPole-v1", num_envs=2, num_workers=1, env_kwargs={"max_episode_steps": 5},
+                     wrappers=[gym.wrappers.RecordEpisodeStatistics]) as envs:
+        envs.reset(seed=0)
+        for _ in range(5):
+            _, _, _, trunc, infos = envs.step(np.zeros(2, dtype=np.int64))
+        assert trunc.all() or "episode" in infos
+
+
+@pytest.mark.parametrize(
+    "actions, match",
+    [
+        (np.zeros(5, dtype=np.int64), r"shape \(5,\), expected \(6,\)"),
+        (np.zeros(6, dtype=np.float32), "dtype float32, expected integers"),
+        (np.array([0, 1, 2, 0, 1, 0]), r"actions\[2\] = .*outside the action space"),
+        (np.array([0, 1, -1, 0, 1, 0]), r"env 2"),
+    ],
+)
+def test_bad_actions_are_refused_and_env_stays_usable(cartpole_envs, actions, match):
+    cartpole_envs.reset(seed=0)
+    with pytest.raises(ValueError, match=match):
+        cartpole_envs.step(actions)
+    obs, *_ = cartpole_envs.step(np.ones(6, dtype=np.int64))
+    assert obs.shape == (6, 4)
+
+
+def test_box_and_nested_action_checks():
+    with shmvec.make("Pendulum-v1", num_envs=2, num_workers=1) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(ValueError, match="outside the action space"):
+            envs.step(np.array([[0.0], [3.0]], dtype=np.float32))
+        with pytest.raises(ValueError, match="outside"):
+            envs.step(np.array([[np.nan], [0.0]], dtype=np.float32))
+        envs.step(np.array([[0.5], [-2.0]], dtype=np.float32))
+    with shmvec.ShmVecEnv([NestedEnv] * 2, num_workers=2) as envs:
+        envs.reset(seed=0)
+        with pytest.raises(ValueError, match=r"actions\[1\] have shape"):
+            envs.step((np.zeros(2, dtype=np.int64), np.zeros((2, 3))))
+        with pytest.raises(ValueError, match="do not match action_space"):
+            envs.step((np.zeros(2, dtype=np.int64),))
+
+
+def test_validation_can_be_turned_off():
+    with shmvec.make("Pendulum-v1", num_envs=2, num_workers=1, validate_actions=False) as envs:
+        envs.reset(seed=0)
+        envs.step(np.array([[5.0], [-5.0]], dtype=np.float32))  # Pendulum clips by itself
+
+
+def test_step_before_reset_and_after_close():
+    envs = shmvec.make("CartPole-v1", num_envs=2, num_workers=1)
+    with pytest.raises(ResetNeeded):
+        envs.step(np.zeros(2, dtype=np.int64))
+    envs.reset()
+    envs.close()
+    envs.close()  # idempotent
+    with pytest.raises(shmvec.ClosedError):
+        envs.step(np.zeros(2, dtype=np.int64))
+    with pytest.raises(shmvec.ClosedError):
+        envs.reset()
+
+
+def test_unsupported_space_is_refused_at_construction():
+    with pytest.raises(TypeError, match="observation_space of type Text"):
+        shmvec.ShmVecEnv([TextEnv] * 2, num_workers=2)
+
+
+def test_mismatched_spaces_are_refused():
+    fns = [lambda: gym.make("CartPole-v1"), lambda: gym.make("Acrobot-v1")]
+    with pytest.raises(ValueError, match="env 1 has observation_space"):
+        shmvec.ShmVecEnv(fns, num_workers=2)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="empty"):
+        shmvec.ShmVecEnv([])
+    with pytest.raises(TypeError, match=r"env_fns\[1\]"):
+        shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1"), gym.make("CartPole-v1")])
+    with pytest.raises(ValueError, match="num_workers"):
+        shmvec.make("CartPole-v1", num_envs=2, num_workers=0)
+
+
+def test_more_workers_than_envs_or_cores():
+    with shmvec.make("CartPole-v1", num_envs=3, num_workers=8) as envs:
+        assert envs.num_workers == 3
+        envs.reset(seed=0)
+        for _ in range(50):
+            envs.step(np.ones(3, dtype=np.int64))
+    # 5 worker processes on 2 cores: oversubscribed, must neither livelock nor crawl
+    with shmvec.make("CartPole-v1", num_envs=10, num_workers=6, step_in_main=False) as envs:
+        envs.reset(seed=0)
+        for _ in range(200):
+            envs.step(np.ones(10, dtype=np.int64))
+
+
+def test_garbage_collection_closes():
+    import gc
+
+    envs = shmvec.make("CartPole-v1", num_envs=2, num_workers=2)
+    procs = list(envs._pool.procs)
+    del envs
+    gc.collect()
+    for p in procs:
+        p.join(5)
+        assert not p.is_alive()
+
+
+def test_import_is_cheap():
+    import subprocess
+    import sys
+
+    code = "import sys, shmvec; print('numba' in sys.modules, 'shmvec.pool' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]

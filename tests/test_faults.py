@@ -1,0 +1,98 @@
+"""Faults in envs and workers come back as clear errors, without hangs or leaks."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import numpy as np
+import pytest
+from envs_for_tests import FaultyEnv
+
+import shmvec
+
+
+def faulty(n, fault, bad_env, at=3):
+    return [functools.partial(FaultyEnv, fault if i == bad_env else "none", at) for i in range(n)]
+
+
+@pytest.mark.parametrize("bad_env, step_in_main", [(1, True), (3, True), (3, False)])
+def test_exception_in_step(bad_env, step_in_main):
+    envs = shmvec.ShmVecEnv(faulty(4, "raise", bad_env), num_workers=2, step_in_main=step_in_main)
+    envs.reset(seed=0)
+    with pytest.raises(shmvec.WorkerError) as info:
+        for _ in range(5):
+            envs.step(np.zeros(4, dtype=np.int64))
+    err = info.value
+    assert err.env_index == bad_env and err.phase == "step"
+    assert err.worker_index == bad_env // 2
+    assert err.exc_type == "ZeroDivisionError" and "step exploded" in str(err)
+    assert "envs_for_tests.py" in err.remote_traceback
+    assert envs.closed  # on_error="raise": closed cleanly
+
+
+def test_exception_in_constructor():
+    with pytest.raises(shmvec.WorkerError, match="constructor exploded") as info:
+        shmvec.ShmVecEnv(faulty(4, "construct", 2), num_workers=2, step_in_main=False)
+    assert info.value.env_index == 2 and info.value.phase == "construct"
+    with pytest.raises(shmvec.WorkerError, match="constructor exploded"):
+        shmvec.ShmVecEnv(faulty(4, "construct", 3), num_workers=2)  # the main process's block
+
+
+def test_exception_in_reset():
+    envs = shmvec.ShmVecEnv(faulty(3, "reset", 0), num_workers=3)
+    with pytest.raises(shmvec.WorkerError, match="reset exploded") as info:
+        envs.reset()
+    assert info.value.env_index == 0 and info.value.phase == "reset"
+
+
+@pytest.mark.parametrize("fault, expect", [("kill", "killed by SIGKILL"), ("exit", "exited with code 3")])
+def test_worker_death_is_reported(fault, expect):
+    envs = shmvec.ShmVecEnv(faulty(4, fault, 0), num_workers=2)
+    envs.reset(seed=0)
+    t0 = time.monotonic()
+    with pytest.raises(shmvec.WorkerDied, match=expect) as info:
+        for _ in range(5):
+            envs.step(np.zeros(4, dtype=np.int64))
+    assert time.monotonic() - t0 < 2.0
+    assert info.value.worker_index == 0
+    assert envs.closed
+
+
+def test_hung_step_times_out():
+    envs = shmvec.ShmVecEnv(faulty(2, "hang", 0), num_workers=2, timeout=0.5)
+    envs.reset(seed=0)
+    t0 = time.monotonic()
+    with pytest.raises(shmvec.StepTimeout, match="timeout"):
+        for _ in range(5):
+            envs.step(np.zeros(2, dtype=np.int64))
+    assert time.monotonic() - t0 < 3.0
+    assert envs.closed
+
+
+def test_wrong_observation_shape_names_env_and_field():
+    envs = shmvec.ShmVecEnv(faulty(4, "shape", 2), num_workers=2)
+    envs.reset(seed=0)
+    with pytest.raises(shmvec.WorkerError, match=r"env 2 returned observation of shape \(5,\), expected \(4,\)"):
+        for _ in range(5):
+            envs.step(np.zeros(4, dtype=np.int64))
+
+
+def test_many_envs_alive_at_once_do_not_collide():
+    pool = [shmvec.make("CartPole-v1", num_envs=2, num_workers=2) for _ in range(4)]
+    try:
+        for i, envs in enumerate(pool):
+            envs.reset(seed=i)
+        for envs in pool:
+            envs.step(np.zeros(2, dtype=np.int64))
+    finally:
+        for envs in pool:
+            envs.close()
+
+
+def test_no_segment_name_exists_while_running():
+    import os
+
+    with shmvec.make("CartPole-v1", num_envs=2, num_workers=2) as envs:
+        envs.reset(seed=0)
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmvec_{os.getpid()}_")]
