@@ -96,3 +96,76 @@ def test_no_segment_name_exists_while_running():
     with shmvec.make("CartPole-v1", num_envs=2, num_workers=2) as envs:
         envs.reset(seed=0)
         assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmvec_{os.getpid()}_")]
+
+
+SCRIPT = r"""
+import sys, time, numpy as np
+sys.path.insert(0, {tests!r})
+import shmvec
+from envs_for_tests import SlowEnv
+envs = shmvec.ShmVecEnv([lambda: SlowEnv(2000.0)] * 4, num_workers=3)
+envs.reset(seed=0)
+print("PIDS", *[p.pid for p in envs._pool.procs], flush=True)
+while True:
+    envs.step(np.zeros(4, dtype=np.int64))
+"""
+
+
+def _start_script():
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(tests=os.path.dirname(__file__))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("PIDS"), proc.stderr.read()
+    return proc, [int(p) for p in line.split()[1:]]
+
+
+def _gone(pids, within):
+    import os
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                with open(f"/proc/{pid}/stat") as f:
+                    if f.read().split()[2] != "Z":
+                        alive.append(pid)
+            except (ProcessLookupError, FileNotFoundError):
+                pass
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ctrl_c_reaches_the_user_promptly_and_leaves_nothing():
+    import os
+    import signal
+
+    proc, pids = _start_script()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=10)
+    assert time.monotonic() - t0 < 3.0
+    assert "KeyboardInterrupt" in err
+    assert err.count("Traceback") == 1, err  # the main process's only: workers stay quiet
+    assert _gone(pids, 3.0)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmvec_{proc.pid}_")]
+
+
+def test_main_process_killed_workers_exit_and_nothing_is_left():
+    import os
+    import signal
+
+    proc, pids = _start_script()
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=5)
+    assert _gone(pids, 3.0), "workers outlived their SIGKILLed parent"
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmvec_{proc.pid}_")]
