@@ -73,9 +73,10 @@ class SpinPolicy:
         self.max_spin = max_spin
         self.min_spin = min(min_spin, max_spin)
         self.budget = max_spin
-        # With more busy processes than cores a spinner yields its core often, so the
-        # process it is waiting for gets to run.
-        self.yield_every = 16 if oversubscribed else 0
+        # A spinner yields its core every few polls: free when no one else wants the core
+        # (the call returns at once), and essential when the process it waits for shares
+        # the core (oversubscribed, or a foreign process busy on the other cores).
+        self.yield_every = 4 if oversubscribed else 16
 
     def update(self, waited: float) -> None:
         self.budget = self.max_spin if waited <= self.max_spin else self.min_spin

@@ -54,6 +54,9 @@ class EnvBlock:
         self.last_length = views["last_length"][sl]
         self.ep_count = views["episode_count"][sl]
         self.current: int | None = None  # global index of the env being served, for error reports
+        # Envs whose next step is a reset, mirrored into the shared ``autoreset`` region (which
+        # main reads under DISABLED) but read from this list on the hot path.
+        self.pending_reset = [False] * len(envs)
         self._np = np
 
     # -- writing results -------------------------------------------------------------------
@@ -103,57 +106,91 @@ class EnvBlock:
         """Step every env; return ``[(env_index, final_info, info), ...]`` for the envs that
         have something to report (``None`` if none), where ``final_info`` is the step info of an
         episode that ended under same-step autoreset (``None`` when not that case)."""
-        envs, obs = self.envs, self.obs
-        mode = self.mode
-        autoreset = self.autoreset.tolist()
+        envs, autoreset = self.envs, self.pending_reset
+        next_step = self.mode == "NextStep"
+        same_step = self.mode == "SameStep"
+        # The common case (one Box/Discrete leaf each way) runs inline: per-env Python
+        # overhead is what separates a block from a bare loop over the same envs.
+        fast = self.flat_obs and self.flat_act
+        if fast:
+            obs0, act0, scalar = self.obs[0], self.act[0], self.act_scalar[0]
+            shape, ndarray = self.obs_leaves[0].shape, self._np.ndarray
         n = len(envs)
         rews = [0.0] * n
         terms = [False] * n
         truncs = [False] * n
+        ended = None
+        resets = None
         reports = None
-        for j in range(n):
-            env = envs[j]
-            self.current = self.start + j
-            final_info = None
-            if autoreset[j] and mode == "NextStep":
-                o, info = env.reset()
-            else:
-                o, r, te, tr, info = env.step(self._action(j))
-                rews[j] = r
-                terms[j] = te
-                truncs[j] = tr
-                if (te or tr) and mode == "SameStep":
-                    self._write_obs(self.final_obs, j, o)
-                    final_info = info
+        j = 0
+        try:
+            for j in range(n):
+                env = envs[j]
+                final_info = None
+                if autoreset[j] and next_step:
                     o, info = env.reset()
-            self._write_obs(obs, j, o)
-            if info or final_info is not None:
-                if reports is None:
-                    reports = []
-                reports.append((self.start + j, final_info, info))
-        self.current = None
+                    if resets is None:
+                        resets = []
+                    resets.append(j)
+                else:
+                    if fast:
+                        a = act0[j] if scalar else act0[j].copy()
+                    else:
+                        a = self._action(j)
+                    o, r, te, tr, info = env.step(a)
+                    rews[j] = r
+                    if te or tr:
+                        terms[j] = te
+                        truncs[j] = tr
+                        if ended is None:
+                            ended = []
+                        ended.append(j)
+                        if same_step:
+                            self._write_obs(self.final_obs, j, o)
+                            final_info = info
+                            o, info = env.reset()
+                if fast and type(o) is ndarray and o.shape == shape:
+                    obs0[j] = o
+                else:
+                    self._write_obs(self.obs, j, o)
+                if info or final_info is not None:
+                    if reports is None:
+                        reports = []
+                    reports.append((self.start + j, final_info, info))
+        except BaseException:
+            self.current = self.start + j  # for the error report; free on the hot path
+            raise
         self.rewards[:] = rews
         self.terminations[:] = terms
         self.truncations[:] = truncs
-        self._count_episodes(autoreset)
+        self._count_episodes(ended, resets)
         return reports
 
-    def _count_episodes(self, was_autoreset: list) -> None:
-        np = self._np
-        ended = self.terminations | self.truncations
+    def _count_episodes(self, ended: list | None, resets: list | None) -> None:
+        """Update the episode counters and autoreset flags after a step.
+
+        ``ended``: block-local envs whose episode ended; ``resets``: those whose step was a
+        NEXT_STEP reset (not a transition: it adds no length, and its reward is 0).
+        """
         self.ep_return += self.rewards
-        if self.mode == "NextStep":
-            self.ep_length += ~np.asarray(was_autoreset, dtype=bool)
-        else:
-            self.ep_length += 1
-        if self.mode != "SameStep":
-            self.autoreset[:] = ended
-        if ended.any():
-            self.last_return[ended] = self.ep_return[ended]
-            self.last_length[ended] = self.ep_length[ended]
-            self.ep_count[ended] += 1
-            self.ep_return[ended] = 0.0
-            self.ep_length[ended] = 0
+        self.ep_length += 1
+        if resets:
+            for j in resets:
+                self.ep_length[j] -= 1
+                self.pending_reset[j] = False
+                self.autoreset[j] = False
+        if ended:
+            np = self._np
+            idx = np.asarray(ended)
+            self.last_return[idx] = self.ep_return[idx]
+            self.last_length[idx] = self.ep_length[idx]
+            self.ep_count[idx] += 1
+            self.ep_return[idx] = 0.0
+            self.ep_length[idx] = 0
+            if self.mode != "SameStep":
+                for j in ended:
+                    self.pending_reset[j] = True
+                    self.autoreset[j] = True
 
     def reset(self, payload: tuple | None) -> list | None:
         """Reset envs; payload is ``(seeds, options, mask)`` for this block or ``None``."""
@@ -177,6 +214,7 @@ class EnvBlock:
             self.terminations[j] = False
             self.truncations[j] = False
             self.autoreset[j] = False
+            self.pending_reset[j] = False
             self.ep_return[j] = 0.0
             self.ep_length[j] = 0
         self.current = None

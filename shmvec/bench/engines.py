@@ -1,0 +1,246 @@
+"""The engines a sweep compares: shmvec, Gymnasium's vector envs, the classic baseline, peers.
+
+Each engine is built the way its own documentation advises: shmvec with one worker per usable
+core, Gymnasium's ``AsyncVectorEnv``, the classic ``SubprocVecEnv`` and SB3's with one process
+per env, EnvPool with one thread per usable core. Every one is wrapped in the same tiny
+:class:`Stepper` surface (``reset(seed)``, ``step(actions)``, ``close()``) so the harness times
+them all with the same loop. Optional peers (SB3, EnvPool) are skipped when not installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shmvec.bench.workloads import Workload
+
+__all__ = ["ENGINES", "Engine", "RunSpec", "Stepper", "get_engines"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one measurement runs: a workload, a number of envs, and this machine's settings."""
+
+    workload: Workload
+    num_envs: int
+    num_workers: int  # shmvec's num_workers (the other engines choose their own)
+    seed: int = 0
+
+    def env_fns(self) -> list[Callable[[], Any]]:
+        return [self.workload.make_env] * self.num_envs
+
+
+class Stepper(Protocol):
+    """The surface the harness times; ``step`` results are ignored."""
+
+    workers: int
+
+    def reset(self, seed: int) -> None: ...
+    def step(self, actions: Any) -> None: ...
+    def close(self) -> None: ...
+
+
+class _VectorEnvStepper:
+    """Any Gymnasium ``VectorEnv`` (shmvec's included)."""
+
+    def __init__(self, env: Any, workers: int) -> None:
+        self.env, self.workers = env, workers
+        self.step = env.step  # bound once: the timing loop should not pay for a wrapper call
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed=seed)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _ResetSeedStepper:
+    """Engines whose ``reset`` takes the seed positionally and ``step`` the actions (classic, serial)."""
+
+    def __init__(self, env: Any, workers: int) -> None:
+        self.env, self.workers = env, workers
+        self.step = env.step
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _SB3Stepper:
+    def __init__(self, env: Any, workers: int) -> None:
+        self.env, self.workers = env, workers
+        self.step = env.step
+
+    def reset(self, seed: int) -> None:
+        self.env.seed(seed)  # SB3 applies the seeds at the next reset
+        self.env.reset()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _EnvPoolStepper:
+    def __init__(self, env: Any, workers: int) -> None:
+        self.env, self.workers = env, workers
+        self.step = env.step
+
+    def reset(self, seed: int) -> None:
+        self.env.reset()  # EnvPool takes its seed at construction
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if close is not None:
+            close()
+
+
+# -- builders ---------------------------------------------------------------------------------
+def _build_shmvec(spec: RunSpec) -> Stepper:
+    from shmvec.vector_env import ShmVecEnv
+
+    workers = min(spec.num_workers, spec.num_envs)
+    return _VectorEnvStepper(ShmVecEnv(spec.env_fns(), num_workers=workers), workers)
+
+
+def _build_gym_sync(spec: RunSpec) -> Stepper:
+    from gymnasium.vector import SyncVectorEnv
+
+    return _VectorEnvStepper(SyncVectorEnv(spec.env_fns()), 1)
+
+
+def _build_gym_async(shared_memory: bool) -> Callable[[RunSpec], Stepper]:
+    def build(spec: RunSpec) -> Stepper:
+        from gymnasium.vector import AsyncVectorEnv
+
+        return _VectorEnvStepper(AsyncVectorEnv(spec.env_fns(), shared_memory=shared_memory), spec.num_envs)
+
+    return build
+
+
+def _build_classic(spec: RunSpec) -> Stepper:
+    from shmvec.bench.classic import ClassicSubprocVecEnv
+
+    return _ResetSeedStepper(ClassicSubprocVecEnv(spec.env_fns()), spec.num_envs)
+
+
+def _build_sb3(spec: RunSpec) -> Stepper:
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    return _SB3Stepper(SubprocVecEnv(spec.env_fns()), spec.num_envs)
+
+
+def _build_envpool(spec: RunSpec) -> Stepper:
+    import envpool
+
+    threads = min(spec.num_workers, spec.num_envs)
+    env = envpool.make(spec.workload.envpool_id, env_type="gymnasium", num_envs=spec.num_envs,
+                       num_threads=threads, seed=spec.seed)
+    return _EnvPoolStepper(env, threads)
+
+
+def _build_serial(spec: RunSpec) -> Stepper:
+    from shmvec.bench.serial import SerialLoop
+
+    return _ResetSeedStepper(SerialLoop(spec.env_fns()), 1)
+
+
+def _envpool_supports(workload: Workload) -> str | None:
+    return None if workload.envpool_id else "EnvPool has no such env"
+
+
+# -- the registry -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Engine:
+    """One vector-env implementation the sweep can time.
+
+    Attributes
+    ----------
+    key : str
+        Name on the command line and in the JSON (``"gym-async-shm"``).
+    label : str
+        Name in tables and plots.
+    description : str
+        How it is built.
+    build : callable
+        ``build(spec) -> Stepper``.
+    processes : callable
+        ``processes(spec) -> int``: processes it starts besides the caller (for the caps).
+    requires : str, optional
+        Module it needs; when that does not import, the engine is reported as skipped.
+    install_hint : str
+        What to install to get it.
+    reference : bool
+        The serial loop: the per-core reference every engine is divided by.
+    supports : callable, optional
+        ``supports(workload) -> reason or None``: why it cannot run a workload.
+    """
+
+    key: str
+    label: str
+    description: str
+    build: Callable[[RunSpec], Stepper]
+    processes: Callable[[RunSpec], int]
+    requires: str | None = None
+    install_hint: str = ""
+    reference: bool = False
+    supports: Callable[[Workload], str | None] | None = None
+
+    def unavailable(self) -> str | None:
+        """Why this engine cannot run here (a missing optional package), or ``None``."""
+        if self.requires is None:
+            return None
+        try:
+            importlib.import_module(self.requires)
+        except Exception as exc:  # a broken install (not only a missing one) is skipped too
+            hint = f" ({self.install_hint})" if self.install_hint else ""
+            return f"not installed: {type(exc).__name__}: {exc}{hint}"
+        return None
+
+    def unsupported(self, workload: Workload) -> str | None:
+        """Why this engine cannot run ``workload``, or ``None``."""
+        return None if self.supports is None else self.supports(workload)
+
+
+def _per_env(spec: RunSpec) -> int:
+    return spec.num_envs
+
+
+def _none(spec: RunSpec) -> int:
+    return 0
+
+
+ENGINES: dict[str, Engine] = {
+    e.key: e
+    for e in [
+        Engine("shmvec", "shmvec", "ShmVecEnv, num_workers = usable cores, step_in_main",
+               _build_shmvec, lambda s: min(s.num_workers, s.num_envs) - 1),
+        Engine("gym-sync", "gym Sync", "gymnasium.vector.SyncVectorEnv", _build_gym_sync, _none),
+        Engine("gym-async-shm", "gym Async (shm)", "AsyncVectorEnv(shared_memory=True), one process per env",
+               _build_gym_async(True), _per_env),
+        Engine("gym-async-pipe", "gym Async (pipe)", "AsyncVectorEnv(shared_memory=False), one process per env",
+               _build_gym_async(False), _per_env),
+        Engine("classic", "classic Subproc", "pipe-per-env SubprocVecEnv (shmvec.bench.classic), one process per env",
+               _build_classic, _per_env),
+        Engine("sb3", "SB3 Subproc", "stable_baselines3 SubprocVecEnv, one process per env",
+               _build_sb3, _per_env, requires="stable_baselines3",
+               install_hint="pip install stable-baselines3"),
+        Engine("envpool", "EnvPool", "envpool.make(env_type='gymnasium'), num_threads = usable cores",
+               _build_envpool, _none, requires="envpool", install_hint="pip install envpool",
+               supports=_envpool_supports),
+        Engine("serial", "serial loop", "for env in envs: env.step(a) in the calling process (reference)",
+               _build_serial, _none, reference=True),
+    ]
+}
+
+
+def get_engines(keys: list[str] | None = None) -> list[Engine]:
+    """The engines named by ``keys`` (all, in their standard order, when ``None``)."""
+    if keys is None:
+        return list(ENGINES.values())
+    unknown = [k for k in keys if k not in ENGINES]
+    if unknown:
+        raise ValueError(f"unknown engine(s) {unknown}; choose from {list(ENGINES)}")
+    return [ENGINES[k] for k in keys]
