@@ -114,7 +114,6 @@ class Layout:
     - ``final_obs/<i>``: one per observation leaf (same-step autoreset only)
     - ``act/<i>``: one per action leaf
     - ``rewards`` float64, ``terminations`` / ``truncations`` / ``autoreset`` bool
-    - ``episode_return`` float64, ``episode_length`` int64: the running episode
     - ``last_return`` float64, ``last_length`` int64, ``episode_count`` int64: the last finished one
     """
 
@@ -155,8 +154,6 @@ class Layout:
         layout._add("terminations", (n,), np.bool_)
         layout._add("truncations", (n,), np.bool_)
         layout._add("autoreset", (n,), np.bool_)
-        layout._add("episode_return", (n,), np.float64)
-        layout._add("episode_length", (n,), np.int64)
         layout._add("last_return", (n,), np.float64)
         layout._add("last_length", (n,), np.int64)
         layout._add("episode_count", (n,), np.int64)

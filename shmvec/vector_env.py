@@ -116,6 +116,7 @@ class ShmVecEnv(VectorEnv):
         self._act_leaves: list[Leaf] = layout.act_leaves
         self._act_views = layout.leaf_views(views, "act")
         self._obs_views = layout.leaf_views(views, "obs")
+        self._flat_obs = len(layout.obs_leaves) == 1 and not layout.obs_leaves[0].path
         self._final_views = layout.leaf_views(views, "final_obs") if layout.with_final_obs else []
         readonly = []
         for v in (*self._obs_views, views["rewards"], views["terminations"], views["truncations"]):
@@ -127,8 +128,7 @@ class ShmVecEnv(VectorEnv):
         self._rewards_ro, self._terms_ro, self._truncs_ro = readonly[k:]
         self._rewards, self._terms, self._truncs = views["rewards"], views["terminations"], views["truncations"]
         self._autoreset = views["autoreset"]
-        self._stats = {name: views[name] for name in ("last_return", "last_length", "episode_count",
-                                                        "episode_return", "episode_length")}
+        self._stats = {name: views[name] for name in ("last_return", "last_length", "episode_count")}
         self._needs_reset = True
 
     # -- the VectorEnv API ----------------------------------------------------------------
@@ -275,6 +275,8 @@ class ShmVecEnv(VectorEnv):
     def _observations(self) -> Any:
         if not self.copy:
             return self._obs_readonly
+        if self._flat_obs:
+            return self._obs_views[0].copy()
         return assemble(self.single_observation_space, [v.copy() for v in self._obs_views])
 
     def _write_actions(self, actions: Any) -> None:
@@ -320,7 +322,10 @@ def check_actions(leaf: Leaf, a: np.ndarray) -> None:
             low, high = space.start, space.start + space.n
         else:
             low, high = space.start, space.start + space.nvec
-        if np.ndim(high) == 0:
+        if np.ndim(high) == 0 and low == 0 and a.dtype.kind == "i":
+            # One reduction: negative values wrap to huge unsigned ones.
+            ok = a.size == 0 or a.view(f"u{a.itemsize}").max() < high
+        elif np.ndim(high) == 0:
             ok = a.size == 0 or (a.min() >= low and a.max() < high)
         else:
             ok = bool(((a >= low) & (a < high)).all())

@@ -48,8 +48,6 @@ class EnvBlock:
         self.terminations = views["terminations"][sl]
         self.truncations = views["truncations"][sl]
         self.autoreset = views["autoreset"][sl]
-        self.ep_return = views["episode_return"][sl]
-        self.ep_length = views["episode_length"][sl]
         self.last_return = views["last_return"][sl]
         self.last_length = views["last_length"][sl]
         self.ep_count = views["episode_count"][sl]
@@ -57,6 +55,10 @@ class EnvBlock:
         # Envs whose next step is a reset, mirrored into the shared ``autoreset`` region (which
         # main reads under DISABLED) but read from this list on the hot path.
         self.pending_reset = [False] * len(envs)
+        # The running episode's return and length stay in this process (plain lists are
+        # cheaper per env than numpy); only finished episodes are published.
+        self.run_return = [0.0] * len(envs)
+        self.run_length = [0] * len(envs)
         self._np = np
 
     # -- writing results -------------------------------------------------------------------
@@ -107,6 +109,7 @@ class EnvBlock:
         have something to report (``None`` if none), where ``final_info`` is the step info of an
         episode that ended under same-step autoreset (``None`` when not that case)."""
         envs, autoreset = self.envs, self.pending_reset
+        run_return, run_length = self.run_return, self.run_length
         next_step = self.mode == "NextStep"
         same_step = self.mode == "SameStep"
         # The common case (one Box/Discrete leaf each way) runs inline: per-env Python
@@ -139,6 +142,8 @@ class EnvBlock:
                         a = self._action(j)
                     o, r, te, tr, info = env.step(a)
                     rews[j] = r
+                    run_return[j] += float(r)
+                    run_length[j] += 1
                     if te or tr:
                         terms[j] = te
                         truncs[j] = tr
@@ -167,28 +172,23 @@ class EnvBlock:
         return reports
 
     def _count_episodes(self, ended: list | None, resets: list | None) -> None:
-        """Update the episode counters and autoreset flags after a step.
+        """Publish finished episodes and update the autoreset flags after a step.
 
         ``ended``: block-local envs whose episode ended; ``resets``: those whose step was a
-        NEXT_STEP reset (not a transition: it adds no length, and its reward is 0).
+        NEXT_STEP reset.
         """
-        self.ep_return += self.rewards
-        self.ep_length += 1
         if resets:
             for j in resets:
-                self.ep_length[j] -= 1
                 self.pending_reset[j] = False
                 self.autoreset[j] = False
         if ended:
-            np = self._np
-            idx = np.asarray(ended)
-            self.last_return[idx] = self.ep_return[idx]
-            self.last_length[idx] = self.ep_length[idx]
-            self.ep_count[idx] += 1
-            self.ep_return[idx] = 0.0
-            self.ep_length[idx] = 0
-            if self.mode != "SameStep":
-                for j in ended:
+            for j in ended:
+                self.last_return[j] = self.run_return[j]
+                self.last_length[j] = self.run_length[j]
+                self.ep_count[j] += 1
+                self.run_return[j] = 0.0
+                self.run_length[j] = 0
+                if self.mode != "SameStep":
                     self.pending_reset[j] = True
                     self.autoreset[j] = True
 
@@ -215,8 +215,8 @@ class EnvBlock:
             self.truncations[j] = False
             self.autoreset[j] = False
             self.pending_reset[j] = False
-            self.ep_return[j] = 0.0
-            self.ep_length[j] = 0
+            self.run_return[j] = 0.0
+            self.run_length[j] = 0
         self.current = None
         return reports
 

@@ -1,0 +1,84 @@
+"""What machine a result was measured on: CPU, cores, memory, Python and library versions."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import Any
+
+__all__ = ["machine_info", "machine_line", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _virtualized() -> bool | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " hypervisor" in line
+    except OSError:
+        pass
+    return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    """A JSON-ready description of this machine and software."""
+    import multiprocessing as mp
+
+    from shmvec.bench.memory import _read_kb
+
+    mem_kb = _read_kb("/proc/meminfo", b"MemTotal:")
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable_cores(),
+        "virtualized": _virtualized(),
+        "memory_gb": None if mem_kb is None else round(mem_kb / 2**20, 1),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "python_impl": platform.python_implementation(),
+        "start_method": mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0],
+        "versions": {name: _version(name) for name in
+                     ("shmvec", "numpy", "gymnasium", "stable-baselines3", "envpool", "matplotlib", "psutil")},
+        "argv": sys.argv[1:],
+    }
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    """One line for a report: ``Intel Xeon, 2 cores (VM), 24 GB, Python 3.11.7, numpy 2.4 ...``."""
+    v = info.get("versions", {})
+    cores = f"{info.get('usable_cores')} usable cores"
+    if info.get("cores") != info.get("usable_cores"):
+        cores += f" of {info.get('cores')}"
+    vm = " (virtual machine)" if info.get("virtualized") else ""
+    libs = ", ".join(f"{name} {ver}" for name, ver in v.items() if ver)
+    mem = f", {info['memory_gb']} GB RAM" if info.get("memory_gb") else ""
+    return (f"{info.get('cpu')}, {cores}{vm}{mem}; {info.get('os')}; "
+            f"Python {info.get('python')} ({info.get('start_method')} start method); {libs}")

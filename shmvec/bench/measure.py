@@ -1,0 +1,179 @@
+"""Time one (workload, num_envs, engine): build, reset, warm up, step for a fixed wall time."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import signal
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shmvec.bench.engines import Engine, RunSpec, Stepper
+from shmvec.bench.memory import tree_memory
+
+__all__ = ["RunResult", "Timing", "make_actions", "measure", "step_for"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to measure: ``repeats`` windows of ``seconds`` each after ``warmup`` seconds."""
+
+    seconds: float = 1.5
+    repeats: int = 3
+    warmup: float = 0.2
+
+    def estimate(self) -> float:
+        return self.warmup + self.seconds * self.repeats
+
+
+@dataclass
+class RunResult:
+    """The outcome of one (workload, num_envs, engine).
+
+    ``status`` is ``"ok"``, ``"skipped"`` (with ``reason``) or ``"failed"`` (with ``reason``:
+    the exception). ``steps_per_s`` counts env steps (``num_envs`` per vector step): the
+    median over ``repeats``, each ``num_envs * vector steps / elapsed`` of one window.
+    """
+
+    workload: str
+    num_envs: int
+    engine: str
+    status: str
+    reason: str = ""
+    steps_per_s: float | None = None
+    repeats: list[float] = field(default_factory=list)
+    vector_steps: int = 0
+    workers: int | None = None
+    processes: int | None = None
+    setup_s: float | None = None
+    rss_mb: float | None = None
+    pss_mb: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunResult:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def make_actions(single_action_space: Any, num_envs: int, seed: int, count: int = 16) -> list[Any]:
+    """``count`` batches of random valid actions, made before the clock starts."""
+    from gymnasium.vector.utils import batch_space
+
+    space = batch_space(single_action_space, num_envs)
+    space.seed(seed)
+    return [space.sample() for _ in range(count)]
+
+
+def step_for(stepper: Stepper, actions: list[Any], seconds: float, min_steps: int = 2) -> tuple[int, float]:
+    """Step until ``seconds`` have passed (and at least ``min_steps``); returns ``(steps, elapsed)``.
+
+    The clock is read once per step: ~0.1 us against the microseconds a vector step costs.
+    """
+    step = stepper.step
+    k = len(actions)
+    steps = 0
+    start = time.perf_counter()
+    end = start + seconds
+    now = start
+    while now < end or steps < min_steps:
+        step(actions[steps % k])
+        steps += 1
+        now = time.perf_counter()
+    return steps, now - start
+
+
+class RunTimeout(Exception):
+    """A run took far longer than planned (a hung engine)."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`RunTimeout` in the main thread after ``seconds`` (a no-op elsewhere)."""
+    usable = (seconds is not None and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise RunTimeout(f"gave up after {seconds:.0f} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def measure(engine: Engine, spec: RunSpec, timing: Timing, single_action_space: Any,
+            timeout: float | None = None) -> RunResult:
+    """Build ``engine`` for ``spec``, time it, record memory, and always close it.
+
+    Any exception (construction, reset, step, a hang past ``timeout`` seconds) gives a
+    ``"failed"`` result carrying its message instead of ending the sweep; ``KeyboardInterrupt``
+    still closes the engine and propagates.
+    """
+    result = RunResult(spec.workload.key, spec.num_envs, engine.key, status="failed")
+    stepper: Stepper | None = None
+    try:
+        with deadline(timeout):
+            actions = make_actions(single_action_space, spec.num_envs, spec.seed)
+            t0 = time.perf_counter()
+            stepper = engine.build(spec)
+            stepper.reset(spec.seed)
+            result.setup_s = time.perf_counter() - t0
+            result.workers = stepper.workers
+            result.processes = engine.processes(spec)
+            if timing.warmup > 0:
+                step_for(stepper, actions, timing.warmup, min_steps=1)
+            rates = []
+            for _ in range(timing.repeats):
+                steps, elapsed = step_for(stepper, actions, timing.seconds)
+                result.vector_steps += steps
+                rates.append(spec.num_envs * steps / elapsed)
+            mem = tree_memory()
+            result.rss_mb, result.pss_mb = mem.rss_mb, mem.pss_mb
+            result.repeats = rates
+            result.steps_per_s = statistics.median(rates)
+            result.status = "ok"
+    except Exception as exc:
+        result.status, result.reason = "failed", _one_line(exc)
+    finally:
+        if stepper is not None:
+            try:
+                with deadline(None if timeout is None else 30.0):
+                    stepper.close()
+            except Exception as exc:
+                if result.ok:
+                    result.status, result.reason = "failed", f"close: {_one_line(exc)}"
+        del stepper
+        gc.collect()  # free this engine's buffers before the next one is measured
+    return result
+
+
+def spread(rates: list[float]) -> float | None:
+    """Half the range of the repeats, relative to their median (``None`` for one repeat)."""
+    if len(rates) < 2:
+        return None
+    med = float(np.median(rates))
+    return (max(rates) - min(rates)) / 2 / med if med > 0 else None

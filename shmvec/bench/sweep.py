@@ -1,0 +1,221 @@
+"""Plan and run a sweep: every (workload, num_envs, engine), one at a time, with caps and skips."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, TextIO
+
+from shmvec.bench.engines import Engine, RunSpec, get_engines
+from shmvec.bench.machine import machine_info, usable_cores
+from shmvec.bench.measure import RunResult, Timing, measure
+from shmvec.bench.memory import available_mb
+from shmvec.bench.progress import Progress
+from shmvec.bench.workloads import Workload, get_workloads
+
+__all__ = ["PlannedRun", "SweepConfig", "SweepResult", "plan_sweep", "run_sweep"]
+
+# Rough resident memory a one-process-per-env worker adds (a forked interpreter with numpy
+# and gymnasium, counted proportionally); used only to skip sizes this machine cannot hold.
+MB_PER_PROCESS = 25.0
+# Set-up and tear-down time of a run, for the time estimate only.
+SETUP_S, SETUP_S_PER_PROCESS = 0.3, 0.02
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """What a sweep measures and for how long.
+
+    Parameters
+    ----------
+    workloads, engines : list of str, optional
+        Keys from :data:`~shmvec.bench.workloads.WORKLOADS` / :data:`~shmvec.bench.engines.ENGINES`;
+        ``None`` means all.
+    num_envs : list of int
+        Sizes to sweep.
+    timing : Timing
+        Warm-up, window length and repeats of each measurement.
+    num_workers : int, optional
+        shmvec's ``num_workers`` (and EnvPool's threads); default: the usable cores.
+    max_procs : int
+        Engines that would start more processes than this at a size are skipped there.
+    seed : int
+        Seed of ``reset`` and of the pre-generated actions.
+    run_timeout : float, optional
+        Seconds after which a run counts as hung and fails; default: generous, from the timing.
+    """
+
+    workloads: list[str] | None = None
+    num_envs: list[int] = field(default_factory=lambda: [8, 32, 128, 256])
+    engines: list[str] | None = None
+    timing: Timing = field(default_factory=Timing)
+    num_workers: int | None = None
+    max_procs: int = 128
+    seed: int = 0
+    run_timeout: float | None = None
+    quick: bool = False
+
+    @classmethod
+    def full(cls, **overrides: Any) -> SweepConfig:
+        """The default ``make bench`` sweep: under 10 minutes on 2 cores."""
+        return replace(cls(), **overrides)
+
+    @classmethod
+    def quick_preset(cls, **overrides: Any) -> SweepConfig:
+        """``--quick``: a small sweep for CI smoke tests and first impressions (under a minute)."""
+        base = cls(num_envs=[8, 32], timing=Timing(seconds=0.2, repeats=2, warmup=0.1), max_procs=32, quick=True)
+        return replace(base, **overrides)
+
+    def workers(self) -> int:
+        return self.num_workers or usable_cores()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["num_workers"] = self.workers()
+        return d
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One cell of the sweep; ``skip`` says why it will not run (``None``: it will)."""
+
+    workload: Workload
+    num_envs: int
+    engine: Engine
+    skip: str | None
+    estimate_s: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.workload.key} N={self.num_envs} {self.engine.label}"
+
+
+def plan_sweep(config: SweepConfig) -> list[PlannedRun]:
+    """Every cell of the sweep in run order, with the skips decided up front."""
+    workloads = get_workloads(config.workloads)
+    engines = get_engines(config.engines)
+    missing = {e.key: e.unavailable() for e in engines}
+    free_mb = available_mb()
+    plan = []
+    for workload in workloads:
+        for n in sorted(set(config.num_envs)):
+            spec = RunSpec(workload, n, config.workers(), config.seed)
+            for engine in engines:
+                procs = engine.processes(spec)
+                skip = missing[engine.key] or engine.unsupported(workload)
+                if skip is None and procs > config.max_procs:
+                    skip = f"capped: would start {procs} processes (max_procs={config.max_procs})"
+                need_mb = procs * MB_PER_PROCESS
+                if skip is None and free_mb is not None and need_mb > 0.8 * free_mb:
+                    skip = f"capped: {procs} processes need ~{need_mb:.0f} MB, {free_mb:.0f} MB available"
+                estimate = 0.0 if skip else config.timing.estimate() + SETUP_S + SETUP_S_PER_PROCESS * procs
+                plan.append(PlannedRun(workload, n, engine, skip, estimate))
+    return plan
+
+
+@dataclass
+class SweepResult:
+    """Everything a report needs: the machine, the configuration and every run's result."""
+
+    machine: dict[str, Any]
+    config: dict[str, Any]
+    results: list[RunResult]
+    started: str
+    elapsed_s: float
+    workload_labels: dict[str, str] = field(default_factory=dict)
+    engine_labels: dict[str, str] = field(default_factory=dict)
+
+    def get(self, workload: str, num_envs: int, engine: str) -> RunResult | None:
+        for r in self.results:
+            if r.workload == workload and r.num_envs == num_envs and r.engine == engine:
+                return r
+        return None
+
+    def rate(self, workload: str, num_envs: int, engine: str) -> float | None:
+        """Median steps/s of a successful run, else ``None``."""
+        r = self.get(workload, num_envs, engine)
+        return r.steps_per_s if r is not None and r.ok else None
+
+    def workloads(self) -> list[str]:
+        return list(dict.fromkeys(r.workload for r in self.results))
+
+    def engines(self) -> list[str]:
+        return list(dict.fromkeys(r.engine for r in self.results))
+
+    def sizes(self, workload: str | None = None) -> list[int]:
+        return sorted({r.num_envs for r in self.results if workload is None or r.workload == workload})
+
+    def workload_label(self, key: str) -> str:
+        return self.workload_labels.get(key, key)
+
+    def engine_label(self, key: str) -> str:
+        return self.engine_labels.get(key, key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": 1,
+            "started": self.started,
+            "elapsed_s": round(self.elapsed_s, 2),
+            "machine": self.machine,
+            "config": self.config,
+            "workload_labels": self.workload_labels,
+            "engine_labels": self.engine_labels,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SweepResult:
+        return cls(machine=d.get("machine", {}), config=d.get("config", {}),
+                   results=[RunResult.from_dict(r) for r in d.get("results", [])],
+                   started=d.get("started", ""), elapsed_s=d.get("elapsed_s", 0.0),
+                   workload_labels=d.get("workload_labels", {}), engine_labels=d.get("engine_labels", {}))
+
+
+def _action_space(workload: Workload) -> Any:
+    env = workload.make_env()
+    try:
+        return env.action_space
+    finally:
+        env.close()
+
+
+def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | None = None,
+              plan: list[PlannedRun] | None = None) -> SweepResult:
+    """Measure every cell of ``config`` one after the other and return the results.
+
+    Nothing is measured concurrently: each engine is closed (its processes gone, its memory
+    freed) before the next one is built.
+    """
+    plan = plan_sweep(config) if plan is None else plan
+    started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    t0 = time.perf_counter()
+    runs = [p for p in plan if p.skip is None]
+    bar = Progress([p.estimate_s for p in runs], stream=stream, enabled=progress)
+    spaces: dict[str, Any] = {}
+    results: list[RunResult] = []
+    for p in plan:
+        if p.skip is not None:
+            results.append(RunResult(p.workload.key, p.num_envs, p.engine.key, "skipped", p.skip))
+            continue
+        bar.show(p.label)
+        spec = RunSpec(p.workload, p.num_envs, config.workers(), config.seed)
+        try:
+            if p.workload.key not in spaces:
+                spaces[p.workload.key] = _action_space(p.workload)
+        except Exception as exc:
+            results.append(RunResult(p.workload.key, p.num_envs, p.engine.key, "failed",
+                                     f"the workload's env cannot be built: {type(exc).__name__}: {exc}"))
+            bar.advance()
+            continue
+        timeout = config.run_timeout or 60.0 + 10.0 * p.estimate_s
+        results.append(measure(p.engine, spec, config.timing, spaces[p.workload.key], timeout=timeout))
+        bar.advance()
+    bar.finish()
+    engines = get_engines(config.engines)
+    return SweepResult(
+        machine=machine_info(), config=config.to_dict(), results=results, started=started,
+        elapsed_s=time.perf_counter() - t0,
+        workload_labels={w.key: w.label for w in get_workloads(config.workloads)},
+        engine_labels={e.key: e.label for e in engines},
+    )

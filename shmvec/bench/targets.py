@@ -1,0 +1,85 @@
+"""The throughput targets shmvec sets itself, checked against the ratios measured in a run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from shmvec.bench.sweep import SweepResult
+
+__all__ = ["TARGETS", "Outcome", "Target", "evaluate"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """``shmvec steps/s >= min_ratio x peer steps/s`` (``> min_ratio`` when ``strict``).
+
+    ``num_envs=None`` checks every size measured; ``peer=None`` checks every other engine.
+    The worst ratio found is the one reported.
+    """
+
+    text: str
+    workload: str
+    num_envs: int | None
+    peer: str | None
+    min_ratio: float
+    strict: bool = False
+    engine: str = "shmvec"
+
+    def holds(self, ratio: float) -> bool:
+        return ratio > self.min_ratio if self.strict else ratio >= self.min_ratio
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A target checked: ``status`` is ``"met"``, ``"missed"`` or ``"not measured"``."""
+
+    target: Target
+    status: str
+    ratio: float | None
+    detail: str
+
+
+# Set for shmvec with 2 workers on 2 cores (the report says how many it measured with).
+TARGETS: list[Target] = [
+    Target("Atari-like at 128 envs: >= 3x gym SyncVectorEnv", "atari-like", 128, "gym-sync", 3.0),
+    Target("Atari-like at 128 envs: >= 20x gym AsyncVectorEnv(shared_memory=True)", "atari-like", 128,
+           "gym-async-shm", 20.0),
+    Target("100 us env at 32 envs: >= 1.8x the serial loop", "cost-100us", 32, "serial", 1.8),
+    Target("heavy-tail env: ahead of every other engine, at every size", "heavy-tail", None, None, 1.0, strict=True),
+]
+
+
+def evaluate(sweep: SweepResult, targets: list[Target] | None = None) -> list[Outcome]:
+    """Check each target against ``sweep``'s measured ratios."""
+    return [_check(sweep, t) for t in (TARGETS if targets is None else targets)]
+
+
+def _check(sweep: SweepResult, t: Target) -> Outcome:
+    sizes = sweep.sizes(t.workload) if t.num_envs is None else [t.num_envs]
+    peers = [e for e in sweep.engines() if e != t.engine] if t.peer is None else [t.peer]
+    pairs = []
+    for n in sizes:
+        mine = sweep.rate(t.workload, n, t.engine)
+        for peer in peers:
+            theirs = sweep.rate(t.workload, n, peer)
+            if mine is not None and theirs is not None and theirs > 0:
+                pairs.append((mine / theirs, n, peer))
+    if not pairs:
+        why = "not measured in this run"
+        r = sweep.get(t.workload, sizes[0], t.engine) if sizes else None
+        if r is not None and not r.ok:
+            why = f"{sweep.engine_label(t.engine)} {r.status}: {r.reason}"
+        elif t.peer is not None and sizes:
+            r = sweep.get(t.workload, sizes[0], t.peer)
+            if r is not None and not r.ok:
+                why = f"{sweep.engine_label(t.peer)} {r.status}: {r.reason}"
+        return Outcome(t, "not measured", None, why)
+    ratio, n, peer = min(pairs)
+    status = "met" if t.holds(ratio) else "missed"
+    if t.peer is None or t.num_envs is None:
+        detail = f"worst: {ratio:.2f}x vs {sweep.engine_label(peer)} at {n} envs ({len(pairs)} pairs)"
+    else:
+        detail = f"{ratio:.2f}x"
+    return Outcome(t, status, ratio, detail)
