@@ -98,14 +98,17 @@ class WorkerPool:
         self._unlinked = False
         self.views: dict[str, np.ndarray] = {}
 
+        # Spinning pays only for a waiter with a core of its own. Workers wait for GO while
+        # main is between steps; main waits for DONE while the workers run.
         cores = usable_cores()
-        busy = self.num_procs + 1  # workers plus the main process
-        oversubscribed = busy > cores
-        if spin_us is None:
-            spin_us = 0.0 if oversubscribed else 2000.0
-        self.spin = {"max": spin_us * 1e-6, "min": min(50e-6, spin_us * 1e-6), "oversubscribed": oversubscribed}
-        # Main spins on the workers only when it keeps a core of its own while they run.
-        self._wait_policy = SpinPolicy(self.spin["max"], self.spin["min"], oversubscribed)
+        worker_spin = 2000.0 if self.num_procs <= cores else 0.0
+        main_spin = 2000.0 if self.num_procs + 1 <= cores else 0.0
+        if spin_us is not None:
+            worker_spin = main_spin = float(spin_us)
+        oversubscribed = self.num_procs + 1 > cores
+        self.spin = {"max": worker_spin * 1e-6, "min": min(50e-6, worker_spin * 1e-6),
+                     "oversubscribed": oversubscribed}
+        self._wait_policy = SpinPolicy(main_spin * 1e-6, min(50e-6, main_spin * 1e-6), oversubscribed)
 
         ctx = mp.get_context(context)
         self.context = ctx.get_start_method()

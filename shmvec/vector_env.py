@@ -66,8 +66,9 @@ class ShmVecEnv(VectorEnv):
         outside the action space (Box bounds included), with a ``ValueError``, before any
         worker sees them. Costs a few numpy reductions per step.
     spin_us : float, optional
-        Microseconds a wait spins before it blocks; default: 2000 when every process has a
-        core of its own, else 0.
+        Microseconds a wait spins before it blocks. Default: 2000 for a waiter that has a
+        core of its own (workers: worker processes <= cores; main: worker processes + 1 <=
+        cores), else 0.
     """
 
     def __init__(
