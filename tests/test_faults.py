@@ -169,3 +169,21 @@ def test_main_process_killed_workers_exit_and_nothing_is_left():
     proc.wait(timeout=5)
     assert _gone(pids, 3.0), "workers outlived their SIGKILLed parent"
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmvec_{proc.pid}_")]
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_clean_exit_prints_no_resource_tracker_warning(context):
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, shmvec\n"
+        f"envs = shmvec.make('CartPole-v1', num_envs=4, num_workers=2, context={context!r})\n"
+        "envs.reset(seed=0); envs.step(np.zeros(4, dtype=np.int64))\n"
+        "env2 = shmvec.make('CartPole-v1', num_envs=2, num_workers=2, context={context!r})\n"
+        "envs.close()\n"  # env2 is left to interpreter exit
+    ).replace("{context!r}", repr(context))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "resource_tracker" not in out.stderr and "leaked" not in out.stderr, out.stderr
+    assert out.stderr.strip() == "", out.stderr
