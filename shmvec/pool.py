@@ -25,7 +25,7 @@ from shmvec import protocol as P
 from shmvec.errors import ClosedError, StepTimeout, WorkerDied, WorkerError
 from shmvec.layout import Layout
 from shmvec.sync import SpinPolicy, block_until, drain, fence, ring, spin_until
-from shmvec.worker import PHASES, EnvBlock, attach_segment, worker_main
+from shmvec.worker import PHASES, EnvBlock, map_segment, worker_main
 
 SEGMENT_PREFIX = "shmvec_"
 
@@ -94,8 +94,7 @@ class WorkerPool:
         self.wake_w: list[int] = []
         self._wake_conns: list[Any] = []
         self.main_block: EnvBlock | None = None
-        self._shm: shared_memory.SharedMemory | None = None
-        self._unlinked = False
+        self._seg_fd: int | None = None
         self.views: dict[str, np.ndarray] = {}
 
         # Spinning pays only for a waiter with a core of its own. Workers wait for GO while
@@ -194,28 +193,36 @@ class WorkerPool:
         self.layout = Layout.build(obs_space, act_space, self.num_envs, len(self.lanes),
                                    with_final_obs=self.autoreset_mode == "SameStep")
         name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
-        # SharedMemory creates the name owner-only (0600) and registers it with the resource
-        # tracker, which unlinks it should this process die before the workers have attached.
-        self._shm = shared_memory.SharedMemory(name=name, create=True, size=self.layout.size)
-        self._mmap = attach_segment("/" + self._shm.name, self.layout.size)
-        self._shm.close()  # keep only our own mapping: its views never block a close
+        # SharedMemory creates the segment owner-only (0600). We keep a file descriptor of it
+        # and drop the name at once: workers receive the descriptor over their pipe (SCM_RIGHTS),
+        # so from here on nothing is left in /dev/shm whatever happens to any process, SIGKILL
+        # included; the memory lives while a mapping or the descriptor does.
+        shm = shared_memory.SharedMemory(name=name, create=True, size=self.layout.size)
+        try:
+            self._seg_fd = os.dup(shm._fd)
+        finally:
+            shm.close()
+            shm.unlink()
+        self._mmap = map_segment(os.dup(self._seg_fd), self.layout.size)
         self.views = self.layout.views(self._mmap)
         self.ctrl = self.views["ctrl"]
         self.main_line = self.ctrl[len(self.lanes)]
         for w in range(self.num_procs):
-            self.conns[w].send(("attach", "/" + self._shm.name, self.layout, self.autoreset_mode, self.spin))
+            self._attach(w)
         for w in range(self.num_procs):
             msg = self._recv(w, deadline, "attach")
             if msg[0] != "ready":
                 raise RuntimeError(f"worker {w} answered {msg[0]!r} to attach")
-        # Every worker has mapped the segment: drop its name, so that nothing is left in
-        # /dev/shm whatever happens to this process from now on (the memory lives while mapped).
-        self._shm.unlink()
-        self._unlinked = True
         if main_envs:
             self.main_block = EnvBlock(main_envs, self.lanes[-1].start, len(self.lanes) - 1, self.layout,
                                        self.views, self.autoreset_mode, obs_space, act_space)
         self._done_col = self.ctrl[: self.num_procs, P.DONE]
+
+    def _attach(self, w: int) -> None:
+        from multiprocessing.reduction import send_handle
+
+        self.conns[w].send(("attach", self.layout, self.autoreset_mode, self.spin))
+        send_handle(self.conns[w], self._seg_fd, self.procs[w].pid)
 
     def _recv(self, w: int, deadline: float | None, phase: str) -> Any:
         """Receive one message from worker ``w``, watching its liveness and the deadline."""
@@ -360,13 +367,9 @@ class WorkerPool:
                 conn.close()
             except OSError:
                 pass
-        if self._shm is not None and not self._unlinked:
-            self._unlinked = True
-            try:
-                self._shm.close()
-                self._shm.unlink()
-            except (FileNotFoundError, BufferError):
-                pass
+        if self._seg_fd is not None:
+            os.close(self._seg_fd)
+            self._seg_fd = None
         # Our mapping is freed when the last view of it is gone (views handed out with
         # copy=False may outlive the env; they stay valid, the name is already unlinked).
         self.main_block = None

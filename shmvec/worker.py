@@ -264,18 +264,15 @@ class EnvBlock:
 PHASES = {1: "step", 2: "reset", 3: "call", 4: "set_attr", 5: "close"}
 
 
-def attach_segment(name: str, size: int):
-    """Map an existing segment without registering it with the resource tracker.
+def map_segment(fd: int, size: int):
+    """Map the segment whose file descriptor main passed over the pipe, then close the fd.
 
-    ``SharedMemory(name)`` registers the segment in every process that opens it (before
-    Python 3.13), and the tracker then unlinks it when that process exits: only the main
-    process, which created it, may own its name.
+    Workers never open the segment by name: they could not register it with the resource
+    tracker safely (before Python 3.13 a child's registration unlinks the segment when that
+    child exits), and by the time they map it the name is already gone.
     """
     import mmap
 
-    import _posixshmem
-
-    fd = _posixshmem.shm_open(name, os.O_RDWR, mode=0o600)
     try:
         return mmap.mmap(fd, size)
     finally:
@@ -323,8 +320,10 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
             for env in envs:
                 env.close()
             return
-        _, shm_name, layout, autoreset_mode, spin = msg
-        mm = attach_segment(shm_name, layout.size)
+        _, layout, autoreset_mode, spin = msg
+        from multiprocessing.reduction import recv_handle
+
+        mm = map_segment(recv_handle(conn), layout.size)
         views = layout.views(mm)
         block = EnvBlock(envs, start, index, layout, views, autoreset_mode, env0.observation_space,
                          env0.action_space)

@@ -187,3 +187,21 @@ def test_clean_exit_prints_no_resource_tracker_warning(context):
     assert out.returncode == 0, out.stderr
     assert "resource_tracker" not in out.stderr and "leaked" not in out.stderr, out.stderr
     assert out.stderr.strip() == "", out.stderr
+
+
+def test_segment_is_owner_only(monkeypatch):
+    import os
+    import stat
+    from multiprocessing import shared_memory
+
+    modes = []
+    real_unlink = shared_memory.SharedMemory.unlink
+
+    def unlink(self):
+        modes.append(stat.S_IMODE(os.stat(f"/dev/shm/{self.name}").st_mode))
+        real_unlink(self)
+
+    monkeypatch.setattr(shared_memory.SharedMemory, "unlink", unlink)
+    with shmvec.make("CartPole-v1", num_envs=2, num_workers=2) as envs:
+        envs.reset(seed=0)
+    assert modes == [0o600]
