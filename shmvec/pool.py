@@ -110,83 +110,93 @@ class WorkerPool:
         self._wait_policy = SpinPolicy(main_spin * 1e-6, min(50e-6, main_spin * 1e-6), oversubscribed)
 
         ctx = mp.get_context(context)
+        self._ctx = ctx
         self.context = ctx.get_start_method()
+        self._env_fns = env_fns
+        self._step_in_main = step_in_main
         done_r, done_w = ctx.Pipe(duplex=False)
-        self._done_conns = (done_r, done_w)
+        self._done_conns = (done_r, done_w)  # done_w stays open: restarted workers get it too
         self.done_r = done_r.fileno()
         os.set_blocking(self.done_r, False)
         os.set_blocking(done_w.fileno(), False)
-        child_ends = [done_w]
+        self._blobs: list[bytes] = []
         try:
             for w in range(self.num_procs):
                 lane = self.lanes[w]
                 try:
-                    blob = cloudpickle.dumps(list(env_fns[lane.start:lane.stop]))
+                    self._blobs.append(cloudpickle.dumps(list(env_fns[lane.start:lane.stop])))
                 except Exception as exc:
                     raise TypeError(f"env_fns[{lane.start}:{lane.stop}] cannot be pickled for the workers: {exc}") from exc
-                parent_conn, child_conn = ctx.Pipe()
-                wake_r, wake_w = ctx.Pipe(duplex=False)
-                os.set_blocking(wake_r.fileno(), False)
-                os.set_blocking(wake_w.fileno(), False)
-                proc = ctx.Process(
-                    target=worker_main,
-                    args=(w, lane.start, blob, child_conn, wake_r, done_w),
-                    name=f"shmvec-worker-{w}",
-                    daemon=True,
-                )
-                proc.start()
-                self.procs.append(proc)
-                self.conns.append(parent_conn)
-                self._wake_conns.append(wake_w)
-                self.wake_w.append(wake_w.fileno())
-                child_ends += [child_conn, wake_r]
-            for end in child_ends[1:]:
-                end.close()
-            self._handshake(env_fns, step_in_main)
+                self.procs.append(None)
+                self.conns.append(None)
+                self._wake_conns.append(None)
+                self.wake_w.append(-1)
+                self._start_worker(w)
+            self._handshake()
         except BaseException:
             self.broken = True
             self.shutdown(timeout=1.0)
             raise
-        finally:
-            if not done_w.closed:
-                done_w.close()
 
     # -- set-up ----------------------------------------------------------------------------
-    def _handshake(self, env_fns: Sequence[Callable[[], Any]], step_in_main: bool) -> None:
-        deadline = None if self.timeout is None else time.monotonic() + max(self.timeout, 30.0)
-        main_envs: list[Any] = []
-        if step_in_main:
-            lane = self.lanes[-1]
-            for i in lane:
-                try:
-                    main_envs.append(env_fns[i]())
-                except BaseException as exc:
-                    for env in main_envs:
-                        env.close()
-                    raise WorkerError(P.error_report(exc, len(self.lanes) - 1, i, "construct")) from exc
+    def _start_worker(self, w: int) -> None:
+        """Start (or restart) the worker process of lane ``w``."""
+        ctx, lane = self._ctx, self.lanes[w]
+        parent_conn, child_conn = ctx.Pipe()
+        wake_r, wake_w = ctx.Pipe(duplex=False)
+        os.set_blocking(wake_r.fileno(), False)
+        os.set_blocking(wake_w.fileno(), False)
+        proc = ctx.Process(
+            target=worker_main,
+            args=(w, lane.start, self._blobs[w], child_conn, wake_r, self._done_conns[1]),
+            name=f"shmvec-worker-{w}",
+            daemon=True,
+        )
+        proc.start()
+        child_conn.close()
+        wake_r.close()
+        self.procs[w], self.conns[w] = proc, parent_conn
+        self._wake_conns[w], self.wake_w[w] = wake_w, wake_w.fileno()
+
+    def _build_main_envs(self) -> list:
+        lane, envs = self.lanes[-1], []
+        for i in lane:
+            try:
+                envs.append(self._env_fns[i]())
+            except BaseException as exc:
+                for env in envs:
+                    env.close()
+                raise WorkerError(P.error_report(exc, len(self.lanes) - 1, i, "construct")) from exc
+        e0 = envs[0]
+        for k, env in enumerate(envs[1:], 1):
+            if env.observation_space != e0.observation_space or env.action_space != e0.action_space:
+                raise ValueError(f"env {lane.start + k} has spaces that differ from env {lane.start}")
+        return envs
+
+    def _deadline(self) -> float | None:
+        return None if self.timeout is None else time.monotonic() + max(self.timeout, 30.0)
+
+    def _recv_spaces(self, w: int, deadline: float | None) -> tuple:
+        msg = self._recv(w, deadline, "construct")
+        if msg[0] == "error":
+            raise WorkerError(msg[1])
+        if msg[0] == "mismatch":
+            raise ValueError(f"env {msg[1]} has spaces {msg[2]} that differ from those of env {self.lanes[w].start}")
+        return (self.lanes[w].start, *msg[1:])
+
+    def _handshake(self) -> None:
+        deadline = self._deadline()
+        main_envs = self._build_main_envs() if self._step_in_main else []
         self._main_envs = main_envs
-        found = []
-        for w in range(self.num_procs):
-            msg = self._recv(w, deadline, "construct")
-            if msg[0] == "error":
-                raise WorkerError(msg[1])
-            if msg[0] == "mismatch":
-                raise ValueError(f"env {msg[1]} has spaces {msg[2]} that differ from those of env {self.lanes[w].start}")
-            found.append((self.lanes[w].start, msg[1], msg[2], msg[3], msg[4], msg[5]))
+        found = [self._recv_spaces(w, deadline) for w in range(self.num_procs)]
         if main_envs:
             e0 = main_envs[0]
-            for k, env in enumerate(main_envs[1:], 1):
-                if env.observation_space != e0.observation_space or env.action_space != e0.action_space:
-                    raise ValueError(f"env {self.lanes[-1].start + k} has spaces that differ from env {self.lanes[-1].start}")
             found.append((self.lanes[-1].start, e0.observation_space, e0.action_space, dict(e0.metadata),
                           getattr(e0, "render_mode", None), getattr(e0, "spec", None)))
         found.sort(key=lambda f: f[0])
         _, obs_space, act_space, metadata, render_mode, spec = found[0]
         for start, o, a, *_ in found[1:]:
-            if o != obs_space:
-                raise ValueError(f"env {start} has observation_space {o}, but env 0 has {obs_space}")
-            if a != act_space:
-                raise ValueError(f"env {start} has action_space {a}, but env 0 has {act_space}")
+            self._check_spaces(start, o, a, obs_space, act_space)
         self.observation_space, self.action_space = obs_space, act_space
         self.metadata, self.render_mode, self.spec = metadata, render_mode, spec
 
@@ -210,13 +220,21 @@ class WorkerPool:
         for w in range(self.num_procs):
             self._attach(w)
         for w in range(self.num_procs):
-            msg = self._recv(w, deadline, "attach")
-            if msg[0] != "ready":
-                raise RuntimeError(f"worker {w} answered {msg[0]!r} to attach")
+            self._recv_ready(w, deadline)
         if main_envs:
-            self.main_block = EnvBlock(main_envs, self.lanes[-1].start, len(self.lanes) - 1, self.layout,
-                                       self.views, self.autoreset_mode, obs_space, act_space)
+            self.main_block = self._main_block(main_envs)
         self._done_col = self.ctrl[: self.num_procs, P.DONE]
+
+    @staticmethod
+    def _check_spaces(start: int, o: Any, a: Any, obs_space: Any, act_space: Any) -> None:
+        if o != obs_space:
+            raise ValueError(f"env {start} has observation_space {o}, but env 0 has {obs_space}")
+        if a != act_space:
+            raise ValueError(f"env {start} has action_space {a}, but env 0 has {act_space}")
+
+    def _main_block(self, envs: list) -> EnvBlock:
+        return EnvBlock(envs, self.lanes[-1].start, len(self.lanes) - 1, self.layout, self.views,
+                        self.autoreset_mode, self.observation_space, self.action_space)
 
     def _attach(self, w: int) -> None:
         from multiprocessing.reduction import send_handle
@@ -224,13 +242,50 @@ class WorkerPool:
         self.conns[w].send(("attach", self.layout, self.autoreset_mode, self.spin))
         send_handle(self.conns[w], self._seg_fd, self.procs[w].pid)
 
+    def _recv_ready(self, w: int, deadline: float | None) -> None:
+        msg = self._recv(w, deadline, "attach")
+        if msg[0] != "ready":
+            raise RuntimeError(f"worker {w} answered {msg[0]!r} to attach")
+
+    def restart_lane(self, w: int) -> None:
+        """Replace lane ``w``'s envs with new ones (a new worker process for a worker lane).
+
+        The new envs are built but not reset. Raises like construction does if that fails.
+        """
+        if w == len(self.lanes) - 1 and self.main_block is not None:
+            for env in self.main_block.envs:
+                try:
+                    env.close()
+                except Exception:
+                    pass
+            self.main_block = self._main_block(self._build_main_envs())
+            return
+        proc = self.procs[w]
+        if proc.is_alive():
+            proc.kill()
+        proc.join(1.0)
+        for conn in (self.conns[w], self._wake_conns[w]):
+            conn.close()
+        # The new worker starts from the current sequence number, with nothing pending.
+        line = self.ctrl[w]
+        line[P.GO] = line[P.DONE] = self.seq
+        line[P.SLEEPING] = 0
+        self._start_worker(w)
+        deadline = self._deadline()
+        _, o, a, *_ = self._recv_spaces(w, deadline)
+        self._check_spaces(self.lanes[w].start, o, a, self.observation_space, self.action_space)
+        self._attach(w)
+        self._recv_ready(w, deadline)
+
     def _recv(self, w: int, deadline: float | None, phase: str) -> Any:
         """Receive one message from worker ``w``, watching its liveness and the deadline."""
         conn, proc = self.conns[w], self.procs[w]
         while True:
             wait = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
             if wait <= 0:
-                self._fail_timeout(f"worker {w} did not answer during {phase} within the timeout")
+                if proc.is_alive():
+                    proc.kill()
+                raise StepTimeout(f"worker {w} did not answer during {phase} within the timeout; it was stopped")
             ready = mp_wait([conn, proc.sentinel], wait)
             if conn in ready:
                 try:
@@ -239,96 +294,137 @@ class WorkerPool:
                     pass
             if proc.sentinel in ready or not proc.is_alive():
                 proc.join(1.0)
-                self.broken = True
                 raise WorkerDied(w, proc.exitcode, self.lanes[w])
 
-    def _fail_timeout(self, message: str) -> None:
-        self.broken = True
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.kill()
-        raise StepTimeout(message)
-
     # -- one command round -----------------------------------------------------------------
-    def run(self, cmd: int, payloads: list | None = None, timeout: float | None = -1.0) -> list:
-        """Run ``cmd`` on every lane; return one reply per lane (``None`` where it had none).
+    def run(self, cmd: int, payloads: list | None = None, timeout: float | None = -1.0,
+            lanes: list[int] | None = None) -> tuple[list, dict[int, Exception]]:
+        """Run ``cmd`` on every lane (or on ``lanes``); return ``(replies, failures)``.
 
-        ``payloads`` holds one picklable payload per lane (or ``None``). Raises
-        :class:`WorkerError` for an exception in an env, :class:`WorkerDied` or
-        :class:`StepTimeout`; after those two the pool is broken and must be shut down.
+        ``payloads`` holds one picklable payload per lane (or ``None``). ``replies`` has one
+        entry per lane (``None`` where it had nothing to say). ``failures`` maps each lane that
+        failed to its exception: :class:`WorkerError` (an env raised; the worker lives on),
+        :class:`WorkerDied` or :class:`StepTimeout` (the worker is gone). The caller decides:
+        raise (see :meth:`raise_first`) or restart those lanes.
         """
         if self.closed or self.broken:
             raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
         if timeout == -1.0:
             timeout = self.timeout
-        nproc = self.num_procs
+        phase = PHASES.get(cmd, str(cmd))
+        procs = list(range(self.num_procs)) if lanes is None else [w for w in lanes if w < self.num_procs]
         seq = self.seq = self.seq + 1
         ctrl = self.ctrl
-        if nproc:
-            for w in range(nproc):
+        if procs:
+            for w in procs:
                 ctrl[w, P.CMD] = cmd
                 ctrl[w, P.PAYLOAD] = 1 if payloads is not None and payloads[w] is not None else 0
             fence()
-            ctrl[:nproc, P.GO] = seq
+            if lanes is None:
+                ctrl[: self.num_procs, P.GO] = seq
+            else:
+                for w in procs:
+                    ctrl[w, P.GO] = seq
             fence()
-            for w in range(nproc):
+            for w in procs:
                 if ctrl[w, P.SLEEPING]:
                     ring(self.wake_w[w])
             if payloads is not None:
-                for w in range(nproc):
+                for w in procs:
                     if payloads[w] is not None:
                         self.conns[w].send(payloads[w])
         replies: list[Any] = [None] * len(self.lanes)
-        errors: list[dict] = []
-        if self.main_block is not None:
+        failures: dict[int, Exception] = {}
+        main = len(self.lanes) - 1
+        if self.main_block is not None and (lanes is None or main in lanes):
             try:
-                replies[-1] = self.main_block.run(cmd, None if payloads is None else payloads[-1])
+                replies[main] = self.main_block.run(cmd, None if payloads is None else payloads[main])
             except (KeyboardInterrupt, SystemExit):
                 self.broken = True
                 raise
             except Exception as exc:
-                errors.append(P.error_report(exc, len(self.lanes) - 1, self.main_block.current,
-                                             PHASES.get(cmd, str(cmd))))
-        if nproc:
-            self._wait_done(seq, timeout)
+                failures[main] = WorkerError(P.error_report(exc, main, self.main_block.current, phase))
+        if procs:
+            failures.update(self._wait_done(seq, procs, timeout))
             deadline = None if timeout is None else time.monotonic() + timeout
-            for w in range(nproc):
+            for w in procs:
+                if w in failures:
+                    continue
                 status = ctrl[w, P.STATUS]
+                if status == P.OK:
+                    continue
+                try:
+                    msg = self._recv(w, deadline, phase)
+                except (WorkerDied, StepTimeout) as exc:
+                    failures[w] = exc
+                    continue
                 if status == P.REPLY:
-                    replies[w] = self._recv(w, deadline, PHASES.get(cmd, str(cmd)))
-                elif status == P.ERROR:
-                    errors.append(self._recv(w, deadline, PHASES.get(cmd, str(cmd))))
-        if errors:
-            errors.sort(key=lambda r: r["worker_index"])
-            raise WorkerError(errors[0])
-        return replies
+                    replies[w] = msg
+                else:
+                    failures[w] = WorkerError(msg)
+        return replies, failures
 
-    def _wait_done(self, seq: int, timeout: float | None) -> None:
+    def raise_first(self, failures: dict[int, Exception]) -> None:
+        """Raise the failure of the lowest lane; a lost worker leaves the pool broken."""
+        if not failures:
+            return
+        if any(not isinstance(exc, WorkerError) for exc in failures.values()):
+            self.broken = True
+        raise failures[min(failures)]
+
+    def _wait_done(self, seq: int, procs: list[int], timeout: float | None) -> dict[int, Exception]:
+        """Wait until every worker in ``procs`` has finished round ``seq``, or failed."""
         done_col = self._done_col
-        if self.num_procs == 1:
+        if len(procs) == self.num_procs == 1:
             def all_done() -> bool:
                 return done_col[0] == seq
-        else:
+        elif len(procs) == self.num_procs:
             def all_done() -> bool:
                 return bool((done_col == seq).all())
+        else:
+            def all_done() -> bool:
+                return all(done_col[w] == seq for w in pending)
 
+        pending = list(procs)
+        failures: dict[int, Exception] = {}
         policy = self._wait_policy
         t0 = time.perf_counter()
-        if not spin_until(all_done, policy):
-            sentinels = [p.sentinel for p in self.procs]
+        if spin_until(all_done, policy):
+            policy.update(time.perf_counter() - t0)
+            fence()
+            return failures
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sentinels = [self.procs[w].sentinel for w in pending]
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
-                dead = block_until(all_done, self.main_line, self.done_r, sentinels, timeout)
+                dead = block_until(all_done, self.main_line, self.done_r, sentinels, remaining)
             except TimeoutError:
-                late = [w for w in range(self.num_procs) if done_col[w] != seq]
-                self._fail_timeout(f"workers {late} did not finish within timeout={timeout} s; they were stopped")
-            if dead:
-                for w, proc in enumerate(self.procs):
-                    if proc.sentinel in dead:
-                        proc.join(1.0)
-                        self.broken = True
-                        raise WorkerDied(w, proc.exitcode, self.lanes[w])
+                late = [w for w in pending if done_col[w] != seq]
+                for w in late:
+                    self.procs[w].kill()
+                    self.procs[w].join(1.0)
+                    failures[w] = StepTimeout(
+                        f"worker {w} (envs {self.lanes[w].start}..{self.lanes[w].stop - 1}) did not finish "
+                        f"within timeout={timeout} s; it was stopped"
+                    )
+                break
+            if not dead:
+                break
+            for w in list(pending):
+                proc = self.procs[w]
+                if proc.sentinel in dead and done_col[w] != seq:
+                    proc.join(1.0)
+                    failures[w] = WorkerDied(w, proc.exitcode, self.lanes[w])
+                    pending.remove(w)
+            if not pending or all_done():
+                break
+            if len(pending) < self.num_procs:
+                def all_done() -> bool:  # noqa: F811 - narrowed to the workers still running
+                    return all(done_col[w] == seq for w in pending)
         policy.update(time.perf_counter() - t0)
         fence()
+        return failures
 
     # -- shutdown --------------------------------------------------------------------------
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -355,6 +451,8 @@ class WorkerPool:
                 except Exception:
                     pass
         for proc in self.procs:
+            if proc is None:
+                continue
             proc.join(timeout if not self.broken else 0.2)
             if proc.is_alive():
                 proc.terminate()
@@ -362,7 +460,9 @@ class WorkerPool:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
-        for conn in (*self.conns, *self._wake_conns, *self._done_conns):
+        for conn in (*self.conns, *self._wake_conns, *getattr(self, "_done_conns", ())):
+            if conn is None:
+                continue
             try:
                 conn.close()
             except OSError:

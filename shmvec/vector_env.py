@@ -65,6 +65,15 @@ class ShmVecEnv(VectorEnv):
         Refuse actions of the wrong shape, a non-integer dtype for discrete spaces, or values
         outside the action space (Box bounds included), with a ``ValueError``, before any
         worker sees them. Costs a few numpy reductions per step.
+    on_error : {"raise", "restart"}, default "raise"
+        What a fault during ``step`` does. ``"raise"``: close the vector env cleanly and
+        raise the error. ``"restart"``: replace the failed worker (or the main process's block)
+        with new envs, reset them, and carry on: each of its envs returns the first observation
+        of a new episode with reward 0, ``terminated=False``, ``truncated=True`` and
+        ``infos["restarted"]`` set (no ``final_obs``: the old episode's last observation is
+        lost). The step after is a normal step, also under NEXT_STEP. Every restart is
+        recorded in :attr:`restarts` as ``(worker_index, env_range, exception)``. Faults in
+        ``reset``, ``call`` and ``set_attr`` always raise.
     spin_us : float, optional
         Microseconds a wait spins before it blocks. Default: 2000 for a waiter that has a
         core of its own (workers: worker processes <= cores; main: worker processes + 1 <=
@@ -82,9 +91,15 @@ class ShmVecEnv(VectorEnv):
         context: str | None = None,
         timeout: float | None = None,
         validate_actions: bool = True,
+        on_error: str = "raise",
         spin_us: float | None = None,
     ) -> None:
         super().__init__()
+        if on_error not in ("raise", "restart"):
+            raise ValueError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
+        self.on_error = on_error
+        self.restarts: list[tuple[int, range, Exception]] = []
+        self._restarted: list[int] | None = None
         env_fns = list(env_fns)
         if not env_fns:
             raise ValueError("env_fns is empty: ShmVecEnv needs at least one environment factory")
@@ -187,8 +202,12 @@ class ShmVecEnv(VectorEnv):
                 "with reset(options={'reset_mask': mask})"
             )
         self._write_actions(actions)
+        self._restarted = None
         replies = self._run(P.STEP)
         infos = self._merge_infos(replies, same_step=self.autoreset_mode is AutoresetMode.SAME_STEP)
+        if self._restarted:
+            for i in self._restarted:
+                infos = self._add_info(infos, {"restarted": True}, i)
         if self.copy:
             return self._observations(), self._rewards.copy(), self._terms.copy(), self._truncs.copy(), infos
         return self._obs_readonly, self._rewards_ro, self._terms_ro, self._truncs_ro, infos
@@ -244,10 +263,17 @@ class ShmVecEnv(VectorEnv):
 
     # -- internals ------------------------------------------------------------------------
     def _run(self, cmd: int, payloads: list | None = None, closes_on_error: bool = True) -> list:
+        """One command round; apply ``on_error`` to the lanes that failed."""
         if self.closed:
             raise ClosedError("this ShmVecEnv is closed; create a new one")
         try:
-            return self._pool.run(cmd, payloads)
+            replies, failures = self._pool.run(cmd, payloads)
+            if not failures:
+                return replies
+            if cmd == P.STEP and self.on_error == "restart":
+                self._restart(failures)
+                return replies
+            self._pool.raise_first(failures)
         except WorkerError:
             if closes_on_error or self._pool.broken:
                 self.close()
@@ -256,11 +282,30 @@ class ShmVecEnv(VectorEnv):
             # A dead or stuck worker, or an interrupt mid-command: the envs' state is unknown.
             self.close()
             raise
+        raise AssertionError("unreachable")
+
+    def _restart(self, failures: dict[int, Exception]) -> None:
+        """Give the failed lanes new envs, reset them, and mark them in this step's results."""
+        pool, lanes = self._pool, sorted(failures)
+        for w in lanes:
+            pool.restart_lane(w)
+        payloads = [(None, None, None) if w in failures else None for w in range(len(pool.lanes))]
+        _, again = pool.run(P.RESET, payloads, lanes=lanes)
+        pool.raise_first(again)
+        for w in lanes:
+            lane = pool.lanes[w]
+            self._rewards[lane.start:lane.stop] = 0.0
+            self._terms[lane.start:lane.stop] = False
+            self._truncs[lane.start:lane.stop] = True
+            self.restarts.append((w, lane, failures[w]))
+        self._restarted = [i for w in lanes for i in pool.lanes[w]]
 
     def _merge_infos(self, replies: list, same_step: bool) -> dict[str, Any]:
         """Gymnasium's dict-of-arrays infos, built in env order exactly as SyncVectorEnv does."""
         reports = {env: (final_info, info) for lane in replies if lane for env, final_info, info in lane}
         ended = np.flatnonzero(self._terms | self._truncs).tolist() if same_step else []
+        if ended and self._restarted:
+            ended = [i for i in ended if i not in set(self._restarted)]  # no final obs to give
         infos: dict[str, Any] = {}
         if not reports and not ended:
             return infos

@@ -354,10 +354,10 @@ def _serve(block: EnvBlock, ctrl, index: int, conn, wake_r: int, done_w: int, sp
 
     clock = time.perf_counter
     while True:
-        target = seq + 1
-
+        # A new command is any change of GO: main may skip a worker's lane in a round (a
+        # restart addresses only the restarted lanes), so sequence numbers can jump.
         def arrived() -> bool:
-            return mine[P.GO] == target
+            return mine[P.GO] != seq
 
         t0 = clock()
         if not spin_until(arrived, policy):
@@ -369,7 +369,7 @@ def _serve(block: EnvBlock, ctrl, index: int, conn, wake_r: int, done_w: int, sp
                     return  # the main process died: exit quietly
         policy.update(clock() - t0)
         fence()
-        seq = target
+        seq = int(mine[P.GO])
         cmd = int(mine[P.CMD])
         payload = conn.recv() if mine[P.PAYLOAD] else None
         try:

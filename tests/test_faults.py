@@ -205,3 +205,42 @@ def test_segment_is_owner_only(monkeypatch):
     with shmvec.make("CartPole-v1", num_envs=2, num_workers=2) as envs:
         envs.reset(seed=0)
     assert modes == [0o600]
+
+
+@pytest.mark.parametrize("fault, bad_env, timeout", [("raise", 0, None), ("kill", 1, None), ("hang", 0, 0.5),
+                                                     ("raise", 3, None)])
+def test_on_error_restart_replaces_the_lane_and_carries_on(fault, bad_env, timeout):
+    envs = shmvec.ShmVecEnv(faulty(4, fault, bad_env, at=3), num_workers=2, on_error="restart", timeout=timeout)
+    envs.reset(seed=0)
+    lane = range(0, 2) if bad_env < 2 else range(2, 4)
+    for t in range(1, 6):
+        obs, rew, term, trunc, infos = envs.step(np.zeros(4, dtype=np.int64))
+        if t == 3:
+            assert infos["_restarted"].tolist() == [i in lane for i in range(4)]
+            assert trunc.tolist() == [i in lane for i in range(4)] and not term.any()
+            assert rew.tolist() == [0.0 if i in lane else 1.0 for i in range(4)]
+        else:
+            assert "restarted" not in infos and not trunc.any()
+    assert len(envs.restarts) == 1
+    w, env_range, exc = envs.restarts[0]
+    assert env_range == lane
+    assert isinstance(exc, {"raise": shmvec.WorkerError, "kill": shmvec.WorkerDied,
+                            "hang": shmvec.StepTimeout}[fault])
+    assert not envs.closed
+    envs.close()
+
+
+def test_restart_of_the_main_process_block_and_bad_option():
+    calls = {"n": 0}
+
+    def make():
+        calls["n"] += 1
+        return FaultyEnv("raise", at=1)
+
+    envs = shmvec.ShmVecEnv([make] * 2, num_workers=1, on_error="restart")
+    envs.reset(seed=0)
+    obs, rew, term, trunc, infos = envs.step(np.zeros(2, dtype=np.int64))
+    assert trunc.all() and infos["_restarted"].all()
+    with pytest.raises(ValueError, match="on_error"):
+        shmvec.ShmVecEnv([make], on_error="ignore")
+    envs.close()
