@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from shmvec.bench.workloads import Workload
 
-__all__ = ["ENGINES", "Engine", "RunSpec", "Stepper", "get_engines"]
+__all__ = ["ENGINES", "Engine", "RunSpec", "Stepper", "VectorEnvStepper", "get_engines"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Stepper(Protocol):
     def close(self) -> None: ...
 
 
-class _VectorEnvStepper:
+class VectorEnvStepper:
     """Any Gymnasium ``VectorEnv`` (shmvec's included)."""
 
     def __init__(self, env: Any, workers: int) -> None:
@@ -102,20 +102,20 @@ def _build_shmvec(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
 
     workers = min(spec.num_workers, spec.num_envs)
-    return _VectorEnvStepper(ShmVecEnv(spec.env_fns(), num_workers=workers), workers)
+    return VectorEnvStepper(ShmVecEnv(spec.env_fns(), num_workers=workers), workers)
 
 
 def _build_gym_sync(spec: RunSpec) -> Stepper:
     from gymnasium.vector import SyncVectorEnv
 
-    return _VectorEnvStepper(SyncVectorEnv(spec.env_fns()), 1)
+    return VectorEnvStepper(SyncVectorEnv(spec.env_fns()), 1)
 
 
 def _build_gym_async(shared_memory: bool) -> Callable[[RunSpec], Stepper]:
     def build(spec: RunSpec) -> Stepper:
         from gymnasium.vector import AsyncVectorEnv
 
-        return _VectorEnvStepper(AsyncVectorEnv(spec.env_fns(), shared_memory=shared_memory), spec.num_envs)
+        return VectorEnvStepper(AsyncVectorEnv(spec.env_fns(), shared_memory=shared_memory), spec.num_envs)
 
     return build
 

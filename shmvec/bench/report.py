@@ -144,7 +144,7 @@ def method_text(sweep: SweepResult) -> str:
     t = c.get("timing", {})
     return (
         f"Each cell: build the engine, `reset(seed={c.get('seed', 0)})`, step {t.get('warmup')} s to warm up, "
-        f"then {t.get('repeats')} windows of {t.get('seconds')} s stepping pre-generated random valid actions; "
+        f"then {t.get('repeats')} window(s) of {t.get('seconds')} s stepping pre-generated random valid actions; "
         "steps/s = num_envs x vector steps / elapsed, the median of the windows (spread: half their range). "
         f"shmvec: `num_workers={c.get('num_workers')}` (the usable cores), the calling process stepping one block; "
         "gym Async, classic and SB3 Subproc: one process per env (as their docs advise); "

@@ -1,0 +1,56 @@
+"""Benchmarks of shmvec against Gymnasium's vector envs, the classic baseline and installed peers.
+
+Command line: ``shmvec bench [--quick]`` and ``shmvec tune ENV_ID``. From Python:
+
+>>> from shmvec.bench import SweepConfig, run_sweep, render_markdown    # doctest: +SKIP
+>>> sweep = run_sweep(SweepConfig.quick_preset(workloads=["cartpole"]))  # doctest: +SKIP
+>>> print(render_markdown(sweep))                                       # doctest: +SKIP
+>>> from shmvec.bench import tune
+>>> print(tune("CartPole-v1", num_envs=64).summary())                   # doctest: +SKIP
+
+Modules: ``workloads`` (what is stepped), ``engines`` (who steps it), ``classic`` (the
+pipe-per-env baseline), ``serial`` (the per-core reference), ``measure`` (timing one cell),
+``sweep`` (planning and running all cells), ``targets``, ``report`` (markdown/JSON),
+``plots``, ``output`` (results folder, docs page), ``tuning`` and ``cli``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_LAZY = {
+    "SweepConfig": "shmvec.bench.sweep",
+    "SweepResult": "shmvec.bench.sweep",
+    "run_sweep": "shmvec.bench.sweep",
+    "plan_sweep": "shmvec.bench.sweep",
+    "Timing": "shmvec.bench.measure",
+    "RunResult": "shmvec.bench.measure",
+    "render_markdown": "shmvec.bench.report",
+    "load_json": "shmvec.bench.report",
+    "write_json": "shmvec.bench.report",
+    "write_results": "shmvec.bench.output",
+    "update_docs": "shmvec.bench.output",
+    "ENGINES": "shmvec.bench.engines",
+    "WORKLOADS": "shmvec.bench.workloads",
+    "TARGETS": "shmvec.bench.targets",
+    "tune": "shmvec.bench.tuning",
+    "TuneResult": "shmvec.bench.tuning",
+    "ClassicSubprocVecEnv": "shmvec.bench.classic",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shmvec.bench' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,446 @@
+"""The benchmark harness: measuring, skipping, failing, reporting, writing files, tuning, the CLI.
+
+Timings are never asserted: measurements here use windows of a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import multiprocessing as mp
+import pickle
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from shmvec.bench import cli
+from shmvec.bench.classic import ClassicSubprocVecEnv
+from shmvec.bench.engines import ENGINES, Engine, RunSpec, get_engines
+from shmvec.bench.machine import machine_info, machine_line
+from shmvec.bench.measure import RunResult, Timing, measure, spread, step_for
+from shmvec.bench.memory import tree_memory
+from shmvec.bench.output import BEGIN, END, update_docs, write_results
+from shmvec.bench.progress import Progress, format_duration
+from shmvec.bench.report import format_rate, format_ratio, full_table, load_json, render_markdown, summary_table, write_json
+from shmvec.bench.serial import SerialLoop
+from shmvec.bench.sweep import SweepConfig, SweepResult, plan_sweep, run_sweep
+from shmvec.bench.targets import Target, evaluate
+from shmvec.bench.tuning import Candidate, TuneResult, tune, worker_choices
+from shmvec.bench.workloads import WORKLOADS, GymMake, Workload
+from shmvec.envs import SyntheticEnv
+
+TINY = Timing(seconds=0.01, repeats=2, warmup=0.0)
+small_env = functools.partial(SyntheticEnv, obs_shape=(3,), episode_steps=3)
+SMALL = Workload("small", "small env", "3 floats, free step", small_env)
+
+
+def spec(n: int = 3, workers: int = 2) -> RunSpec:
+    return RunSpec(SMALL, n, workers, seed=0)
+
+
+def action_space():
+    return small_env().action_space
+
+
+# -- engines ------------------------------------------------------------------------------------
+def test_classic_subproc_steps_autoresets_and_closes():
+    envs = ClassicSubprocVecEnv([small_env] * 3)
+    obs = envs.reset(seed=5)
+    assert obs.shape == (3, 3)
+    ref = SerialLoop([small_env] * 3).reset(seed=5)
+    np.testing.assert_array_equal(obs, np.stack(ref))  # env i seeded with seed + i
+    ended = False
+    for _ in range(8):
+        obs, rewards, dones, infos = envs.step(np.array([0, 1, 2]))
+        assert obs.shape == (3, 3) and rewards.shape == (3,) and dones.dtype == bool
+        for done, info in zip(dones, infos):
+            if done:
+                ended = True
+                assert info["terminal_observation"].shape == (3,)
+    assert ended  # episodes last 1..4 steps: some ended and were reset in the worker
+    procs = list(envs.procs)
+    envs.close()
+    envs.close()  # twice is fine
+    assert not any(p.is_alive() for p in procs)
+    assert not [p for p in mp.active_children() if p.name.startswith("classic-subproc")]
+
+
+def test_serial_loop_resets_ended_episodes():
+    loop = SerialLoop([small_env] * 2)
+    loop.reset(seed=0)
+    for _ in range(10):
+        loop.step([0, 1])
+    assert all(env._t <= 4 for env in loop.envs)  # episodes last 1..4 steps: each ended one was reset
+    loop.close()
+
+
+def test_engine_registry():
+    assert list(ENGINES)[0] == "shmvec" and ENGINES["serial"].reference
+    assert ENGINES["envpool"].unsupported(WORKLOADS["atari-like"]) == "EnvPool has no such env"
+    assert ENGINES["envpool"].unsupported(WORKLOADS["cartpole"]) is None
+    assert ENGINES["gym-async-shm"].processes(spec(64)) == 64
+    assert ENGINES["shmvec"].processes(spec(64, workers=2)) == 1
+    assert ENGINES["shmvec"].processes(spec(1, workers=4)) == 0
+    with pytest.raises(ValueError, match="unknown engine"):
+        get_engines(["nope"])
+
+
+def test_missing_peer_is_skipped_not_a_crash(monkeypatch):
+    monkeypatch.setitem(sys.modules, "stable_baselines3", None)  # `import stable_baselines3` now fails
+    reason = ENGINES["sb3"].unavailable()
+    assert reason.startswith("not installed") and "stable-baselines3" in reason
+    config = SweepConfig(workloads=["cartpole"], engines=["sb3", "serial"], num_envs=[2], timing=TINY)
+    sweep = run_sweep(config, progress=False)
+    sb3 = sweep.get("cartpole", 2, "sb3")
+    assert sb3.status == "skipped" and sb3.reason == reason
+    assert sweep.get("cartpole", 2, "serial").ok
+    md = render_markdown(sweep)
+    assert "## Engines not run" in md and "- SB3 Subproc: not installed" in md
+
+
+# -- measuring ----------------------------------------------------------------------------------
+def test_measure_serial_and_shmvec():
+    for key in ("serial", "shmvec"):
+        r = measure(ENGINES[key], spec(4), TINY, action_space())
+        assert r.ok, r.reason
+        assert len(r.repeats) == 2 and r.steps_per_s == pytest.approx(float(np.median(r.repeats)))
+        assert r.vector_steps >= 4 and r.setup_s > 0
+        if sys.platform == "linux":
+            assert r.rss_mb > 0 and r.pss_mb > 0
+    assert measure(ENGINES["shmvec"], spec(4, workers=2), TINY, action_space()).workers == 2
+
+
+class Recorder:
+    def __init__(self, fail_step: bool = False, hang: bool = False) -> None:
+        self.workers, self.closed, self.fail_step, self.hang = 1, False, fail_step, hang
+
+    def reset(self, seed):
+        pass
+
+    def step(self, actions):
+        if self.fail_step:
+            raise ZeroDivisionError("step exploded\nsecond line")
+        if self.hang:
+            time.sleep(5)
+
+    def close(self):
+        self.closed = True
+
+
+def fake_engine(build) -> Engine:
+    return Engine("fake", "fake", "", build, lambda s: 0)
+
+
+def test_failing_engine_is_reported_with_its_message():
+    def build(spec):
+        raise RuntimeError("cannot build")
+
+    r = measure(fake_engine(build), spec(), TINY, action_space())
+    assert r.status == "failed" and r.reason == "RuntimeError: cannot build"
+
+    stepper = Recorder(fail_step=True)
+    r = measure(fake_engine(lambda s: stepper), spec(), TINY, action_space())
+    assert r.status == "failed" and r.reason == "ZeroDivisionError: step exploded"
+    assert stepper.closed  # closed even though it failed
+
+
+def test_hung_engine_times_out():
+    stepper = Recorder(hang=True)
+    t0 = time.perf_counter()
+    r = measure(fake_engine(lambda s: stepper), spec(), TINY, action_space(), timeout=0.2)
+    assert time.perf_counter() - t0 < 3
+    assert r.status == "failed" and "gave up" in r.reason and stepper.closed
+
+
+def test_failing_engine_does_not_stop_the_sweep(monkeypatch):
+    def build(spec):
+        raise OSError("no such thing")
+
+    broken = Engine("broken", "broken", "", build, lambda s: 0)
+    monkeypatch.setitem(ENGINES, "broken", broken)
+    config = SweepConfig(workloads=["cartpole"], engines=["broken", "serial"], num_envs=[2, 3], timing=TINY)
+    sweep = run_sweep(config, progress=False)
+    assert [r.status for r in sweep.results] == ["failed", "ok", "failed", "ok"]
+    assert "failed: OSError: no such thing" in full_table(sweep)
+
+
+def test_step_for_counts_steps():
+    calls = []
+
+    class S:
+        def step(self, a):
+            calls.append(a)
+
+    steps, elapsed = step_for(S(), [1, 2, 3], 0.0, min_steps=5)
+    assert steps == 5 and calls == [1, 2, 3, 1, 2] and elapsed >= 0
+
+
+def test_tree_memory_counts_children():
+    mem = tree_memory()
+    if sys.platform != "linux":
+        pytest.skip("/proc only")
+    assert mem.processes >= 1 and mem.rss_mb > 1
+    envs = ClassicSubprocVecEnv([small_env] * 2)
+    try:
+        assert tree_memory().processes >= mem.processes + 2
+    finally:
+        envs.close()
+
+
+# -- planning -----------------------------------------------------------------------------------
+def test_caps_skip_sizes_with_too_many_processes():
+    config = SweepConfig(workloads=["atari-like"], engines=["shmvec", "gym-async-shm", "serial"],
+                         num_envs=[8, 16], max_procs=8, timing=TINY)
+    plan = {(p.num_envs, p.engine.key): p for p in plan_sweep(config)}
+    assert plan[(8, "gym-async-shm")].skip is None
+    assert "capped: would start 16 processes" in plan[(16, "gym-async-shm")].skip
+    assert plan[(16, "shmvec")].skip is None and plan[(16, "serial")].skip is None
+    assert plan[(16, "gym-async-shm")].estimate_s == 0 < plan[(16, "shmvec")].estimate_s
+
+
+def test_presets_and_unknown_names():
+    quick, full = SweepConfig.quick_preset(), SweepConfig.full()
+    assert quick.quick and quick.timing.seconds < full.timing.seconds and max(quick.num_envs) < max(full.num_envs)
+    assert 256 in full.num_envs and full.timing.repeats == 3
+    with pytest.raises(ValueError, match="unknown workload"):
+        plan_sweep(SweepConfig(workloads=["nope"]))
+
+
+# -- reporting ----------------------------------------------------------------------------------
+def fabricated() -> SweepResult:
+    def ok(w, n, e, rate):
+        return RunResult(w, n, e, "ok", steps_per_s=rate, repeats=[rate * 0.9, rate, rate * 1.1],
+                         vector_steps=10, workers=2 if e == "shmvec" else 1, rss_mb=100.0, pss_mb=50.0)
+
+    results = [
+        ok("atari-like", 128, "shmvec", 300_000.0),
+        ok("atari-like", 128, "gym-sync", 100_000.0),
+        ok("atari-like", 128, "gym-async-shm", 30_000.0),
+        ok("atari-like", 128, "serial", 600_000.0),
+        RunResult("atari-like", 128, "sb3", "skipped", "not installed: no"),
+        ok("cost-100us", 32, "shmvec", 15_000.0),
+        RunResult("cost-100us", 32, "gym-sync", "failed", "RuntimeError: x"),
+        ok("cost-100us", 32, "serial", 10_000.0),
+        RunResult("cost-100us", 32, "sb3", "skipped", "not installed: no"),
+        ok("heavy-tail", 8, "shmvec", 5000.0),
+        ok("heavy-tail", 8, "gym-sync", 2000.0),
+        ok("heavy-tail", 8, "serial", 4000.0),
+        ok("heavy-tail", 32, "shmvec", 6000.0),
+        ok("heavy-tail", 32, "gym-sync", 7000.0),
+        RunResult("heavy-tail", 32, "serial", "skipped", "capped: would start 32 processes (max_procs=8)"),
+        RunResult("heavy-tail", 8, "sb3", "skipped", "not installed: no"),
+        RunResult("heavy-tail", 32, "sb3", "skipped", "not installed: no"),
+    ]
+    config = SweepConfig(timing=Timing(1.5, 3, 0.2), num_workers=2).to_dict()
+    return SweepResult(machine=machine_info(), config=config, results=results, started="2024-01-02T03:04:05+00:00",
+                       elapsed_s=12.0, workload_labels={"atari-like": "Atari-like 84x84x4"},
+                       engine_labels={e.key: e.label for e in ENGINES.values()})
+
+
+def test_targets_met_missed_and_not_measured():
+    outcomes = {o.target.peer: o for o in evaluate(fabricated())[:3]}
+    assert outcomes["gym-sync"].status == "met" and outcomes["gym-sync"].ratio == pytest.approx(3.0)
+    assert outcomes["gym-async-shm"].status == "missed" and outcomes["gym-async-shm"].ratio == pytest.approx(10.0)
+    assert outcomes["serial"].status == "missed" and outcomes["serial"].ratio == pytest.approx(1.5)
+    heavy = evaluate(fabricated())[3]
+    # worst pair: 6000 / 7000 against gym Sync at 32 envs
+    assert heavy.status == "missed" and heavy.ratio == pytest.approx(6 / 7) and "gym Sync at 32 envs" in heavy.detail
+    absent = evaluate(fabricated(), [Target("t", "cartpole", 8, "gym-sync", 1.0)])[0]
+    assert absent.status == "not measured" and absent.ratio is None
+    failed = evaluate(fabricated(), [Target("t", "cost-100us", 32, "gym-sync", 1.0)])[0]
+    assert failed.status == "not measured" and "RuntimeError: x" in failed.detail
+    strict = Target("t", "heavy-tail", 8, "serial", 1.25, strict=True)
+    assert evaluate(fabricated(), [strict])[0].status == "missed"  # exactly 1.25: not strictly ahead
+
+
+def test_markdown_tables():
+    sweep = fabricated()
+    md = render_markdown(sweep, plots=["results/x/atari-like.png"])
+    assert md.startswith("# shmvec throughput report")
+    assert "| Atari-like 84x84x4 | 128 | shmvec (2 workers) | 300,000 | ±10% | 0.50x | 1.00x | 50 |  |" in md
+    assert "| Atari-like 84x84x4 | 128 | gym Async (shm) | 30,000 | ±10% | 0.05x | 10.0x | 50 |  |" in md
+    assert "| 100 us env at 32 envs: >= 1.8x the serial loop | 1.50x | **missed** |" in md
+    assert "capped: would start 32 processes" in md and "failed: RuntimeError: x" in md
+    assert "SB3" not in summary_table(sweep) and "- SB3 Subproc: not installed: no" in md
+    assert "![atari-like](results/x/atari-like.png)" in md
+    header = summary_table(sweep).splitlines()[0]
+    assert header == "| workload | num_envs | shmvec steps/s | vs gym Sync | vs gym Async (shm) | vs serial loop |"
+    assert "| Atari-like 84x84x4 | 128 | 300,000 | 3.00x | 10.0x | 0.50x |" in summary_table(sweep)
+    assert "| cost-100us | 32 | 15,000 | failed | - | 1.50x |" in summary_table(sweep)
+    assert render_markdown(sweep, heading_level=3).startswith("### shmvec throughput report")
+
+
+def test_formatting_helpers():
+    assert format_rate(1234567.8) == "1,234,568" and format_rate(None) == "-"
+    assert format_ratio(3.14159) == "3.14x" and format_ratio(31.4) == "31.4x" and format_ratio(None) == "-"
+    assert spread([90.0, 100.0, 110.0]) == pytest.approx(0.1) and spread([1.0]) is None
+    assert format_duration(75) == "1:15" and format_duration(4000) == "1:06:40"
+
+
+def test_json_round_trip(tmp_path):
+    sweep = fabricated()
+    path = write_json(sweep, tmp_path / "r.json")
+    data = json.loads(path.read_text())
+    assert data["schema"] == 1 and data["machine"]["cpu"] and len(data["results"]) == len(sweep.results)
+    again = load_json(path)
+    assert again.results == sweep.results and again.config == sweep.config
+    assert render_markdown(again) == render_markdown(sweep)
+
+
+def test_machine_description():
+    info = machine_info()
+    assert info["usable_cores"] >= 1 and info["python"] and info["versions"]["numpy"]
+    line = machine_line(info)
+    assert "Python" in line and "numpy" in line and "gymnasium" in line
+
+
+# -- files ----------------------------------------------------------------------------------------
+def test_results_folder_and_latest(tmp_path):
+    sweep = fabricated()
+    files = write_results(sweep, tmp_path / "results", plots=False)
+    assert files.folder.name == "20240102-030405" and files.plot_note.startswith("plots skipped")
+    assert load_json(files.json).results == sweep.results
+    assert files.markdown.read_text().startswith("# shmvec throughput report")
+    second = write_results(sweep, tmp_path / "results", plots=False)
+    assert second.folder.name == "20240102-030405-2"
+    latest = tmp_path / "results" / "latest"
+    assert (latest / "results.json").read_text() == second.json.read_text()
+
+
+def test_plots_without_matplotlib_are_skipped(tmp_path, monkeypatch):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    files = write_results(fabricated(), tmp_path, plots=True)
+    assert files.plots == [] and "matplotlib" in files.plot_note
+
+
+def test_plots_with_matplotlib(tmp_path):
+    pytest.importorskip("matplotlib")
+    files = write_results(fabricated(), tmp_path, plots=True)
+    assert sorted(p.name for p in files.plots) == ["atari-like.png", "cost-100us.png", "heavy-tail.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in files.plots)
+    assert "![atari-like](atari-like.png)" in files.markdown.read_text()
+
+
+def test_update_docs_rewrites_only_the_block(tmp_path):
+    docs = tmp_path / "docs" / "benchmarks.md"
+    docs.parent.mkdir()
+    docs.write_text(f"# Benchmarks\n\nintro\n\n## Latest results\n\n{BEGIN}\nplaceholder\n{END}\n\n## After\n\nkept\n")
+    png = tmp_path / "heavy-tail.png"
+    png.write_bytes(b"\x89PNG fake")
+    update_docs(fabricated(), docs, plots=[png])
+    text = docs.read_text()
+    assert "placeholder" not in text and text.startswith("# Benchmarks\n\nintro")
+    assert text.endswith("## After\n\nkept\n") and "### shmvec throughput report" in text
+    assert "![heavy-tail](img/benchmarks/heavy-tail.png)" in text
+    assert (docs.parent / "img" / "benchmarks" / "heavy-tail.png").exists()
+    update_docs(fabricated(), docs, plots=[png])
+    assert docs.read_text() == text  # idempotent
+
+    bare = tmp_path / "bare.md"
+    bare.write_text("# Mine\n")
+    update_docs(fabricated(), bare)
+    assert bare.read_text().startswith("# Mine\n\n## Latest results\n\n" + BEGIN)
+    fresh = tmp_path / "new" / "b.md"
+    update_docs(fabricated(), fresh)
+    assert BEGIN in fresh.read_text() and END in fresh.read_text()
+
+
+def test_progress_bar_lines():
+    out = io.StringIO()
+    bar = Progress([1.0, 1.0, 2.0], stream=out)
+    bar.show("first")
+    bar.advance()
+    bar.show("second")
+    bar.advance()
+    bar.finish("done")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[....................] 0/3") and lines[0].endswith("first")
+    assert "1/3" in lines[1] and "left" in lines[1] and lines[-1] == "done"
+    silent = io.StringIO()
+    Progress([1.0], stream=silent, enabled=False).show("x")
+    assert silent.getvalue() == ""
+
+
+# -- tune -----------------------------------------------------------------------------------------
+def test_worker_choices():
+    assert worker_choices(2) == [1, 2, 4]
+    assert worker_choices(16) == [1, 2, 4, 8, 16, 32]
+    assert worker_choices(16, num_envs=8) == [1, 2, 4, 8]
+    assert worker_choices(1) == [1, 2]
+
+
+def test_tune_measures_a_grid_and_prints_code():
+    result = tune(small_env, num_envs=2, workers=[1, 2], seconds=0.01, repeats=1, warmup=0.0, progress=False)
+    cands = [c for c, _ in result.rows]
+    assert Candidate(2, 1) in cands and Candidate(2, 2, False, 0) in cands
+    assert Candidate(2, 1, True, 0) not in cands  # no worker process: spin_us changes nothing
+    assert all(r.ok for _, r in result.rows) and result.serial[2].ok
+    assert result.best in cands
+    code = result.code()
+    assert code.startswith("import shmvec\n\nenvs = shmvec.ShmVecEnv([make_env] * 2, num_workers=")
+    assert f"num_workers={result.best.num_workers}" in code
+    summary = result.summary()
+    assert "| num_envs | num_workers |" in summary and "Fastest:" in summary and "```python" in summary
+
+
+def test_tune_code_for_ids():
+    ok = RunResult("w", 64, "shmvec", "ok", steps_per_s=10.0)
+    fast = RunResult("w", 64, "shmvec", "ok", steps_per_s=20.0)
+    rows = [(Candidate(64, 2), ok), (Candidate(64, 3, False, 0), fast)]
+    res = TuneResult("shmvec/AtariLike-v0", "shmvec.envs:shmvec/AtariLike-v0", True, rows,
+                     env_kwargs={"step_us": 5})
+    assert res.best == Candidate(64, 3, False, 0)
+    assert res.code() == ('import shmvec\n\nenvs = shmvec.make("shmvec.envs:shmvec/AtariLike-v0", num_envs=64, '
+                          "num_workers=3, step_in_main=False, spin_us=0, env_kwargs={'step_us': 5})")
+
+
+# -- command line -----------------------------------------------------------------------------------
+def test_cli_dry_run_and_errors(capsys):
+    assert cli.main(["bench", "--quick", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "shmvec bench:" in err and "runs" in err
+    assert cli.main(["bench", "--workloads", "nope", "--dry-run"]) == 2
+    assert "unknown workload" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--num-envs", "0"])
+    with pytest.raises(SystemExit):
+        cli.main([])
+    assert cli.main(["bench", "--list"]) == 0
+    assert "heavy-tail" in capsys.readouterr().out
+    assert cli.main(["tune", "NoSuchEnv-v9", "--no-progress"]) == 2
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+    docs = tmp_path / "benchmarks.md"
+    argv = ["bench", "--workloads", "cartpole", "--engines", "shmvec,serial", "--num-envs", "2",
+            "--seconds", "0.01", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "res"),
+            "--no-plots", "--no-progress", "--write-docs", str(docs)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| CartPole-v1 | 2 | shmvec (2 workers) |" in out and "## Targets" in out
+    saved = tmp_path / "res" / "latest" / "results.json"
+    assert saved.exists() and "| CartPole-v1 | 2 |" in docs.read_text()
+    assert cli.main(["bench", "--from-json", str(saved), "--no-plots"]) == 0
+    assert "| CartPole-v1 | 2 | shmvec (2 workers) |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module, args", [("shmvec", ["bench", "--list"]), ("shmvec.bench", ["--list"])])
+def test_module_entry_points(module, args):
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "cartpole" in proc.stdout and "classic" in proc.stdout
+
+
+def test_factories_pickle():
+    for w in WORKLOADS.values():
+        fn = pickle.loads(pickle.dumps(w.make_env))
+        env = fn()
+        env.reset(seed=0)
+        env.close()
+    assert repr(GymMake("CartPole-v1", max_episode_steps=5)) == "GymMake('CartPole-v1', max_episode_steps=5)"
