@@ -25,6 +25,7 @@ _LAZY = {
     "WorkerDied": "shmvec.errors",
     "StepTimeout": "shmvec.errors",
     "ClosedError": "shmvec.errors",
+    "NonFiniteError": "shmvec.errors",
     "gae": "shmvec.gae",
     "discounted_returns": "shmvec.gae",
 }

@@ -56,6 +56,10 @@ class WorkerDied(ShmVecError):
         super().__init__(f"worker {worker_index} (envs {envs.start}..{envs.stop - 1}) {how}")
 
 
+class NonFiniteError(ShmVecError, ValueError):
+    """An env returned a NaN or infinite reward or observation (with ``check_finite=True``)."""
+
+
 class StepTimeout(ShmVecError, TimeoutError):
     """A command did not finish within the vector env's ``timeout``; the stuck workers are stopped."""
 

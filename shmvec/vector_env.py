@@ -13,7 +13,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec import protocol as P
-from shmvec.errors import ClosedError, WorkerError
+from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.layout import Leaf, assemble, flatten
 from shmvec.pool import WorkerPool, usable_cores
 
@@ -74,6 +74,10 @@ class ShmVecEnv(VectorEnv):
         lost). The step after is a normal step, also under NEXT_STEP. Every restart is
         recorded in :attr:`restarts` as ``(worker_index, env_range, exception)``. Faults in
         ``reset``, ``call`` and ``set_attr`` always raise.
+    check_finite : bool, default False
+        Raise :class:`~shmvec.NonFiniteError` (naming the env and the field) when a step or
+        reset returns a NaN or infinite reward or floating-point observation. Costs one
+        ``isfinite`` pass over the batch per step. The vector env stays usable.
     spin_us : float, optional
         Microseconds a wait spins before it blocks. Default: 2000 for a waiter that has a
         core of its own (workers: worker processes <= cores; main: worker processes + 1 <=
@@ -92,12 +96,14 @@ class ShmVecEnv(VectorEnv):
         timeout: float | None = None,
         validate_actions: bool = True,
         on_error: str = "raise",
+        check_finite: bool = False,
         spin_us: float | None = None,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "restart"):
             raise ValueError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
         self.on_error = on_error
+        self.check_finite = check_finite
         self.restarts: list[tuple[int, range, Exception]] = []
         self._restarted: list[int] | None = None
         env_fns = list(env_fns)
@@ -132,6 +138,7 @@ class ShmVecEnv(VectorEnv):
         self._act_leaves: list[Leaf] = layout.act_leaves
         self._act_views = layout.leaf_views(views, "act")
         self._obs_views = layout.leaf_views(views, "obs")
+        self._obs_leaves = layout.obs_leaves
         self._flat_obs = len(layout.obs_leaves) == 1 and not layout.obs_leaves[0].path
         self._final_views = layout.leaf_views(views, "final_obs") if layout.with_final_obs else []
         readonly = []
@@ -187,6 +194,8 @@ class ShmVecEnv(VectorEnv):
             ]
         replies = self._run(P.RESET, payloads)
         self._needs_reset = False
+        if self.check_finite:
+            self._check_finite(rewards=False)
         return self._observations(), self._merge_infos(replies, same_step=False)
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -208,6 +217,8 @@ class ShmVecEnv(VectorEnv):
         if self._restarted:
             for i in self._restarted:
                 infos = self._add_info(infos, {"restarted": True}, i)
+        if self.check_finite:
+            self._check_finite(rewards=True)
         if self.copy:
             return self._observations(), self._rewards.copy(), self._terms.copy(), self._truncs.copy(), infos
         return self._obs_readonly, self._rewards_ro, self._terms_ro, self._truncs_ro, infos
@@ -299,6 +310,16 @@ class ShmVecEnv(VectorEnv):
             self._truncs[lane.start:lane.stop] = True
             self.restarts.append((w, lane, failures[w]))
         self._restarted = [i for w in lanes for i in pool.lanes[w]]
+
+    def _check_finite(self, rewards: bool) -> None:
+        arrays = [("rewards", self._rewards)] if rewards else []
+        arrays += [(f"observation{leaf.field}", view) for leaf, view in zip(self._obs_leaves, self._obs_views)
+                   if view.dtype.kind == "f"]
+        for name, arr in arrays:
+            finite = np.isfinite(arr)
+            if not finite.all():
+                env = int(np.argwhere(~finite)[0][0])
+                raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}")
 
     def _merge_infos(self, replies: list, same_step: bool) -> dict[str, Any]:
         """Gymnasium's dict-of-arrays infos, built in env order exactly as SyncVectorEnv does."""

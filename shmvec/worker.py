@@ -86,6 +86,13 @@ class EnvBlock:
                 f"env {self.start + j} returned observation{leaf.field} of shape {shape}, "
                 f"expected {leaf.shape} (dtype {leaf.dtype}) from its observation_space"
             )
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None and dtype != leaf.dtype and not self._np.can_cast(dtype, leaf.dtype, "same_kind"):
+            # float into an integer space, say: SyncVectorEnv would cast silently and wrongly.
+            raise EnvObsError(
+                f"env {self.start + j} returned observation{leaf.field} of dtype {dtype}, "
+                f"expected {leaf.dtype} (or a dtype that casts to it safely) from its observation_space"
+            )
         try:
             target[j] = value
         except (ValueError, TypeError) as exc:
@@ -117,7 +124,7 @@ class EnvBlock:
         fast = self.flat_obs and self.flat_act
         if fast:
             obs0, act0, scalar = self.obs[0], self.act[0], self.act_scalar[0]
-            shape, ndarray = self.obs_leaves[0].shape, self._np.ndarray
+            shape, dtype, ndarray = self.obs_leaves[0].shape, self.obs_leaves[0].dtype, self._np.ndarray
         n = len(envs)
         rews = [0.0] * n
         terms = [False] * n
@@ -154,7 +161,7 @@ class EnvBlock:
                             self._write_obs(self.final_obs, j, o)
                             final_info = info
                             o, info = env.reset()
-                if fast and type(o) is ndarray and o.shape == shape:
+                if fast and type(o) is ndarray and o.dtype == dtype and o.shape == shape:
                     obs0[j] = o
                 else:
                     self._write_obs(self.obs, j, o)

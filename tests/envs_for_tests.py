@@ -99,6 +99,12 @@ class FaultyEnv(gym.Env):
                 time.sleep(60)
             if self.fault == "shape":
                 obs = np.zeros(5, dtype=np.float32)
+            if self.fault == "dtype":
+                obs = np.zeros(4, dtype=np.complex64)
+            if self.fault == "nan_obs":
+                obs[2] = np.nan
+            if self.fault == "inf_reward":
+                return obs, float("inf"), False, False, {}
         return obs, 1.0, False, False, {}
 
 

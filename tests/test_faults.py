@@ -244,3 +244,26 @@ def test_restart_of_the_main_process_block_and_bad_option():
     with pytest.raises(ValueError, match="on_error"):
         shmvec.ShmVecEnv([make], on_error="ignore")
     envs.close()
+
+
+def test_wrong_observation_dtype_is_refused():
+    envs = shmvec.ShmVecEnv(faulty(2, "dtype", 1), num_workers=2)
+    envs.reset(seed=0)
+    with pytest.raises(shmvec.WorkerError, match=r"env 1 returned observation of dtype complex64, expected float32"):
+        for _ in range(5):
+            envs.step(np.zeros(2, dtype=np.int64))
+
+
+@pytest.mark.parametrize("fault, match", [("nan_obs", r"env 2 returned a non-finite observation"),
+                                          ("inf_reward", r"env 2 returned a non-finite rewards")])
+def test_non_finite_values_are_caught_on_request(fault, match):
+    with shmvec.ShmVecEnv(faulty(4, fault, 2, at=2), num_workers=2, check_finite=True) as envs:
+        envs.reset(seed=0)
+        envs.step(np.zeros(4, dtype=np.int64))
+        with pytest.raises(shmvec.NonFiniteError, match=match):
+            envs.step(np.zeros(4, dtype=np.int64))
+        envs.step(np.zeros(4, dtype=np.int64))  # still usable
+    with shmvec.ShmVecEnv(faulty(4, fault, 2, at=2), num_workers=2) as envs:  # off by default
+        envs.reset(seed=0)
+        for _ in range(3):
+            envs.step(np.zeros(4, dtype=np.int64))
