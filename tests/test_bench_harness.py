@@ -20,12 +20,22 @@ import pytest
 from shmvec.bench import cli
 from shmvec.bench.classic import ClassicSubprocVecEnv
 from shmvec.bench.engines import ENGINES, Engine, RunSpec, get_engines
-from shmvec.bench.machine import machine_info, machine_line
+from shmvec.bench.machine import machine_info, machine_line, parallel_scaling
 from shmvec.bench.measure import RunResult, Timing, measure, spread, step_for
 from shmvec.bench.memory import tree_memory
 from shmvec.bench.output import BEGIN, END, update_docs, write_results
 from shmvec.bench.progress import Progress, format_duration
-from shmvec.bench.report import format_rate, format_ratio, full_table, load_json, render_markdown, summary_table, write_json
+from shmvec.bench.report import (
+    format_rate,
+    format_ratio,
+    full_table,
+    load_json,
+    render_markdown,
+    scaling_text,
+    summary_table,
+    targets_table,
+    write_json,
+)
 from shmvec.bench.serial import SerialLoop
 from shmvec.bench.sweep import SweepConfig, SweepResult, plan_sweep, run_sweep
 from shmvec.bench.targets import Target, evaluate
@@ -93,7 +103,8 @@ def test_missing_peer_is_skipped_not_a_crash(monkeypatch):
     monkeypatch.setitem(sys.modules, "stable_baselines3", None)  # `import stable_baselines3` now fails
     reason = ENGINES["sb3"].unavailable()
     assert reason.startswith("not installed") and "stable-baselines3" in reason
-    config = SweepConfig(workloads=["cartpole"], engines=["sb3", "serial"], num_envs=[2], timing=TINY)
+    config = SweepConfig(workloads=["cartpole"], engines=["sb3", "serial"], num_envs=[2], timing=TINY,
+                         probe_scaling=False)
     sweep = run_sweep(config, progress=False)
     sb3 = sweep.get("cartpole", 2, "sb3")
     assert sb3.status == "skipped" and sb3.reason == reason
@@ -162,7 +173,8 @@ def test_failing_engine_does_not_stop_the_sweep(monkeypatch):
 
     broken = Engine("broken", "broken", "", build, lambda s: 0)
     monkeypatch.setitem(ENGINES, "broken", broken)
-    config = SweepConfig(workloads=["cartpole"], engines=["broken", "serial"], num_envs=[2, 3], timing=TINY)
+    config = SweepConfig(workloads=["cartpole"], engines=["broken", "serial"], num_envs=[2, 3], timing=TINY,
+                         probe_scaling=False)
     sweep = run_sweep(config, progress=False)
     assert [r.status for r in sweep.results] == ["failed", "ok", "failed", "ok"]
     assert "failed: OSError: no such thing" in full_table(sweep)
@@ -289,6 +301,20 @@ def test_json_round_trip(tmp_path):
     again = load_json(path)
     assert again.results == sweep.results and again.config == sweep.config
     assert render_markdown(again) == render_markdown(sweep)
+
+
+def test_parallel_capacity_is_reported():
+    result = parallel_scaling(2, seconds=0.02)
+    assert result["processes"] == 2 and result["speedup"] > 0
+    assert parallel_scaling(1) == {"processes": 1, "speedup": 1.0}
+    sweep = fabricated()
+    assert scaling_text(sweep) is None
+    sweep.machine["parallel_scaling"] = {"processes": 2, "before": 1.95, "after": 1.9}
+    text = scaling_text(sweep)
+    assert "1.95x before the sweep, 1.90x after the sweep" in text and "Warning" not in text
+    assert "(machine ceiling 1.90x)" in targets_table(sweep)
+    sweep.machine["parallel_scaling"] = {"processes": 2, "before": 1.2, "after": 1.9}
+    assert scaling_text(sweep).startswith("**Warning") and scaling_text(sweep) in render_markdown(sweep)
 
 
 def test_machine_description():
@@ -420,7 +446,7 @@ def test_cli_end_to_end(tmp_path, capsys):
     docs = tmp_path / "benchmarks.md"
     argv = ["bench", "--workloads", "cartpole", "--engines", "shmvec,serial", "--num-envs", "2",
             "--seconds", "0.01", "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "res"),
-            "--no-plots", "--no-progress", "--write-docs", str(docs)]
+            "--no-plots", "--no-progress", "--no-probe", "--write-docs", str(docs)]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "| CartPole-v1 | 2 | shmvec (2 workers) |" in out and "## Targets" in out
@@ -444,3 +470,9 @@ def test_factories_pickle():
         env.reset(seed=0)
         env.close()
     assert repr(GymMake("CartPole-v1", max_episode_steps=5)) == "GymMake('CartPole-v1', max_episode_steps=5)"
+
+
+def test_broken_peer_install_is_skipped_with_the_error(monkeypatch):
+    monkeypatch.setattr("importlib.import_module", lambda name: (_ for _ in ()).throw(FileNotFoundError("x" * 300)))
+    reason = ENGINES["envpool"].unavailable()
+    assert reason.startswith("fails to import: FileNotFoundError: xxx") and len(reason) < 200

@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="results", metavar="DIR", help="results folder (default ./results)")
     b.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    b.add_argument("--no-probe", action="store_true",
+                   help="skip the check of how CPU-bound work scales over processes (before and after the sweep)")
     b.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", metavar="PATH",
                    help="also rewrite the 'Latest results' block of docs/benchmarks.md (or PATH)")
     b.add_argument("--from-json", metavar="PATH",
@@ -89,7 +91,7 @@ def _config(args: argparse.Namespace):  # -> SweepConfig
         workloads=args.workloads, engines=args.engines, timing=timing,
         num_envs=args.num_envs or base.num_envs,
         num_workers=args.num_workers, max_procs=args.max_procs if args.max_procs is not None else base.max_procs,
-        seed=args.seed, quick=args.quick,
+        seed=args.seed, quick=args.quick, probe_scaling=not args.no_probe,
     )
 
 

@@ -194,9 +194,14 @@ class Engine:
             return None
         try:
             importlib.import_module(self.requires)
-        except Exception as exc:  # a broken install (not only a missing one) is skipped too
+        except ImportError as exc:
             hint = f" ({self.install_hint})" if self.install_hint else ""
             return f"not installed: {type(exc).__name__}: {exc}{hint}"
+        except Exception as exc:  # a broken install is skipped too, with what broke
+            text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            if len(text) > 120:
+                text = text[:117] + "..."
+            return f"fails to import: {type(exc).__name__}: {text}"
         return None
 
     def unsupported(self, workload: Workload) -> str | None:

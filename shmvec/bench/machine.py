@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import time
 from importlib import metadata
 from typing import Any
 
-__all__ = ["machine_info", "machine_line", "usable_cores"]
+__all__ = ["machine_info", "machine_line", "parallel_scaling", "usable_cores"]
 
 
 def usable_cores() -> int:
@@ -46,6 +47,61 @@ def _version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _spin_work(iterations: int) -> float:
+    start = time.perf_counter()
+    x = 0
+    for i in range(iterations):
+        x += i * i
+    return time.perf_counter() - start
+
+
+def _timed_worker(barrier: Any, iterations: int, out: Any, slot: int) -> None:
+    barrier.wait()
+    out[slot] = _spin_work(iterations)
+
+
+def parallel_scaling(processes: int | None = None, seconds: float = 0.2) -> dict[str, Any]:
+    """How much faster ``processes`` CPU-bound processes get through work than one process.
+
+    The ceiling of any engine's speedup over a serial loop on this machine: on a VM whose
+    vCPUs are hyperthreads of one core, or whose host is busy, two processes may get far
+    less than twice the work done, whatever the vector env. Takes about ``3 * seconds``.
+
+    Returns
+    -------
+    dict
+        ``{"processes": k, "speedup": s}``: ``k`` processes did ``k`` times the work of one
+        in ``1/s`` of ``k`` times its time (``s == k`` is perfect scaling).
+    """
+    import multiprocessing as mp
+
+    k = processes or usable_cores()
+    if k < 2:
+        return {"processes": k, "speedup": 1.0}
+    # Calibrate the work to ~`seconds` in one process, then time it alone and k-fold at once.
+    probe = 200_000
+    iterations = max(probe, int(probe * seconds / max(_spin_work(probe), 1e-6)))
+    single = _spin_work(iterations)
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    barrier = ctx.Barrier(k + 1)
+    out = ctx.Array("d", k, lock=False)
+    procs = [ctx.Process(target=_timed_worker, args=(barrier, iterations, out, i), daemon=True) for i in range(k)]
+    for p in procs:
+        p.start()
+    try:
+        barrier.wait(timeout=60)
+        start = time.perf_counter()
+        for p in procs:
+            p.join(timeout=60)
+        wall = time.perf_counter() - start
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return {"processes": k, "speedup": round(k * single / wall, 2) if wall > 0 else None}
 
 
 def machine_info() -> dict[str, Any]:

@@ -72,12 +72,38 @@ def _cell_note(sweep: SweepResult, workload: str, n: int, engine: str) -> str:
     return "skipped" if r.status == "skipped" else "failed" if r.status == "failed" else "-"
 
 
+def _ceiling(sweep: SweepResult) -> tuple[int, list[float]] | None:
+    s = sweep.machine.get("parallel_scaling") or {}
+    values = [v for v in (s.get("before"), s.get("after")) if isinstance(v, (int, float))]
+    return (int(s.get("processes", 0)), values) if values and s.get("processes", 0) >= 2 else None
+
+
+def scaling_text(sweep: SweepResult) -> str | None:
+    """What the machine's own parallel capacity was during the run (``None`` if not probed)."""
+    c = _ceiling(sweep)
+    if c is None:
+        return None
+    k, values = c
+    s = sweep.machine["parallel_scaling"]
+    when = ", ".join(f"{format_ratio(s[w])} {w} the sweep" for w in ("before", "after") if s.get(w) is not None)
+    text = (f"Parallel capacity: CPU-bound work in {k} processes ran {when}, as fast as in one process "
+            f"(ideal {k}x). No engine can beat the serial loop by more than that here.")
+    if min(values) < 0.8 * k:
+        text = ("**Warning: this machine did not deliver its cores.** " + text + " The machine was busy, or its "
+                "vCPUs share physical cores: rerun on an idle machine before trusting the parallel figures.")
+    return text
+
+
 def targets_table(sweep: SweepResult, targets: list[Target] | None = None) -> str:
     """Target, measured, met/missed: computed from the ratios of this run."""
     rows = []
+    c = _ceiling(sweep)
     for o in evaluate(sweep, targets):
         status = {"met": "met", "missed": "**missed**"}.get(o.status, o.status)
-        rows.append([o.target.text, o.detail, status])
+        detail = o.detail
+        if c is not None and o.target.peer == "serial" and o.ratio is not None:
+            detail += f" (machine ceiling {format_ratio(min(c[1]))})"
+        rows.append([o.target.text, detail, status])
     return _table(["target", "measured", "status"], "llr", rows)
 
 
@@ -163,6 +189,7 @@ def render_markdown(sweep: SweepResult, plots: list[str] | None = None, heading_
     parts = [
         f"{h} shmvec throughput report{quick}",
         f"Measured {sweep.started} in {sweep.elapsed_s:.0f} s on: {machine_line(sweep.machine)}.",
+        *([scaling_text(sweep)] if scaling_text(sweep) else []),
         method_text(sweep),
         f"{hh} Targets",
         "Set for shmvec with 2 workers on 2 cores; checked against the ratios measured in this run."

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
 from shmvec.bench.engines import Engine, RunSpec, get_engines
-from shmvec.bench.machine import machine_info, usable_cores
+from shmvec.bench.machine import machine_info, parallel_scaling, usable_cores
 from shmvec.bench.measure import RunResult, Timing, measure
 from shmvec.bench.memory import available_mb
 from shmvec.bench.progress import Progress
@@ -44,6 +44,10 @@ class SweepConfig:
         Seed of ``reset`` and of the pre-generated actions.
     run_timeout : float, optional
         Seconds after which a run counts as hung and fails; default: generous, from the timing.
+    probe_scaling : bool
+        Measure, before and after the sweep, how much faster CPU-bound work runs in
+        ``num_workers`` processes than in one (:func:`~shmvec.bench.machine.parallel_scaling`):
+        the ceiling of any engine's speedup here, reported with the results.
     """
 
     workloads: list[str] | None = None
@@ -55,6 +59,7 @@ class SweepConfig:
     seed: int = 0
     run_timeout: float | None = None
     quick: bool = False
+    probe_scaling: bool = True
 
     @classmethod
     def full(cls, **overrides: Any) -> SweepConfig:
@@ -192,6 +197,10 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
     t0 = time.perf_counter()
     runs = [p for p in plan if p.skip is None]
     bar = Progress([p.estimate_s for p in runs], stream=stream, enabled=progress)
+    scaling = {}
+    if config.probe_scaling:
+        bar.show("probing how CPU-bound work scales over processes")
+        scaling["before"] = parallel_scaling(config.workers())["speedup"]
     spaces: dict[str, Any] = {}
     results: list[RunResult] = []
     for p in plan:
@@ -211,10 +220,15 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
         timeout = config.run_timeout or 60.0 + 10.0 * p.estimate_s
         results.append(measure(p.engine, spec, config.timing, spaces[p.workload.key], timeout=timeout))
         bar.advance()
+    if config.probe_scaling:
+        scaling["after"] = parallel_scaling(config.workers())["speedup"]
     bar.finish()
     engines = get_engines(config.engines)
+    machine = machine_info()
+    if scaling:
+        machine["parallel_scaling"] = {"processes": config.workers(), **scaling}
     return SweepResult(
-        machine=machine_info(), config=config.to_dict(), results=results, started=started,
+        machine=machine, config=config.to_dict(), results=results, started=started,
         elapsed_s=time.perf_counter() - t0,
         workload_labels={w.key: w.label for w in get_workloads(config.workloads)},
         engine_labels={e.key: e.label for e in engines},
