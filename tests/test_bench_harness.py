@@ -402,7 +402,8 @@ def test_worker_choices():
 
 
 def test_tune_measures_a_grid_and_prints_code():
-    result = tune(small_env, num_envs=2, workers=[1, 2], seconds=0.01, repeats=1, warmup=0.0, progress=False)
+    result = tune(small_env, num_envs=2, workers=[1, 2], seconds=0.01, repeats=1, warmup=0.0, progress=False,
+                  probe=False)
     cands = [c for c, _ in result.rows]
     assert Candidate(2, 1) in cands and Candidate(2, 2, False, 0) in cands
     assert Candidate(2, 1, True, 0) not in cands  # no worker process: spin_us changes nothing
@@ -422,6 +423,8 @@ def test_tune_code_for_ids():
     res = TuneResult("shmvec/AtariLike-v0", "shmvec.envs:shmvec/AtariLike-v0", True, rows,
                      env_kwargs={"step_us": 5})
     assert res.best == Candidate(64, 3, False, 0)
+    res.machine, res.scaling = {"usable_cores": 2}, 1.1
+    assert "Warning: Parallel capacity: CPU-bound work in 2 processes ran 1.10x" in res.summary()
     assert res.code() == ('import shmvec\n\nenvs = shmvec.make("shmvec.envs:shmvec/AtariLike-v0", num_envs=64, '
                           "num_workers=3, step_in_main=False, spin_us=0, env_kwargs={'step_us': 5})")
 

@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seconds", type=_positive, default=0.5, help="window length (default 0.5)")
     t.add_argument("--repeats", type=int, default=2, help="windows per configuration (default 2)")
     t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--no-probe", action="store_true", help="skip the check of how CPU-bound work scales")
     return parser
 
 
@@ -159,7 +160,8 @@ def _tune(args: argparse.Namespace) -> int:
 
     try:
         result = tune(args.env_id, args.num_envs, env_kwargs=args.env_kwargs, workers=args.workers,
-                      seconds=args.seconds, repeats=args.repeats, progress=not args.no_progress)
+                      seconds=args.seconds, repeats=args.repeats, progress=not args.no_progress,
+                      probe=not args.no_probe)
     except Exception as exc:  # an unknown id, bad kwargs: say so without a traceback
         print(f"shmvec tune: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 import gymnasium as gym
 
 from shmvec.bench.engines import Engine, RunSpec, Stepper, VectorEnvStepper, get_engines
-from shmvec.bench.machine import machine_info, usable_cores
+from shmvec.bench.machine import machine_info, parallel_scaling, usable_cores
 from shmvec.bench.measure import RunResult, Timing, measure
 from shmvec.bench.progress import Progress
 from shmvec.bench.report import format_rate, format_ratio
@@ -81,6 +81,7 @@ class TuneResult:
     serial: dict[int, RunResult] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    scaling: float | None = None  # parallel capacity measured first (see machine.parallel_scaling)
 
     @property
     def best(self) -> Candidate | None:
@@ -131,8 +132,15 @@ class TuneResult:
     def summary(self) -> str:
         """Table, fastest configuration and how the default compares, as printed by ``shmvec tune``."""
         best = self.best
-        lines = [f"shmvec tune {self.env_name} on {self.machine.get('usable_cores')} usable cores "
-                 f"({self.machine.get('cpu')})", "", self.table(), ""]
+        cores = self.machine.get("usable_cores") or usable_cores()
+        lines = [f"shmvec tune {self.env_name} on {cores} usable cores ({self.machine.get('cpu')})"]
+        if self.scaling is not None and cores >= 2:
+            lines.append(f"Parallel capacity: CPU-bound work in {cores} processes ran {format_ratio(self.scaling)} "
+                         f"as fast as in one (ideal {cores}x).")
+            if self.scaling < 0.8 * cores:
+                lines[-1] = ("Warning: " + lines[-1] + " The machine is busy or its vCPUs share cores: "
+                             "rerun when it is idle before trusting the choice below.")
+        lines += ["", self.table(), ""]
         if best is None:
             lines.append("No configuration ran successfully: see the table.")
             return "\n".join(lines)
@@ -178,6 +186,7 @@ def tune(
     warmup: float = 0.1,
     progress: bool = True,
     stream: TextIO | None = None,
+    probe: bool = True,
 ) -> TuneResult:
     """Find the fastest shmvec configuration for ``env`` on this machine.
 
@@ -196,6 +205,9 @@ def tune(
         Timing of each measurement (median of ``repeats`` windows of ``seconds``).
     progress : bool
         Show a progress bar on ``stream`` (stderr).
+    probe : bool
+        First measure how CPU-bound work scales over the usable cores (half a second), so a
+        busy machine is reported instead of silently skewing the choice.
 
     Returns
     -------
@@ -252,6 +264,9 @@ def tune(
     second_count = 3 if num_envs is None else 0
     per = timing.estimate() + 0.3
     bar = Progress([per] * (len(first) + len(sizes) + second_count), stream=stream, enabled=progress)
+    if probe:
+        bar.show("probing how CPU-bound work scales over processes")
+        result.scaling = parallel_scaling(cores)["speedup"]
     run(first, sizes, bar)
     if num_envs is None and result.best is not None:
         b = result.best
