@@ -309,12 +309,24 @@ def test_parallel_capacity_is_reported():
     assert parallel_scaling(1) == {"processes": 1, "speedup": 1.0}
     sweep = fabricated()
     assert scaling_text(sweep) is None
-    sweep.machine["parallel_scaling"] = {"processes": 2, "before": 1.95, "after": 1.9}
+    sweep.machine["parallel_scaling"] = {"processes": 2, "samples": [1.95, 1.9, 1.98]}
     text = scaling_text(sweep)
-    assert "1.95x before the sweep, 1.90x after the sweep" in text and "Warning" not in text
-    assert "(machine ceiling 1.90x)" in targets_table(sweep)
-    sweep.machine["parallel_scaling"] = {"processes": 2, "before": 1.2, "after": 1.9}
+    assert "ran 1.95x as fast as in one process (median of 3 probes during the sweep, lowest 1.90x" in text
+    assert "Warning" not in text and "fell well short" not in text
+    assert "(machine ceiling 1.95x)" in targets_table(sweep)
+    sweep.machine["parallel_scaling"] = {"processes": 2, "samples": [1.2, 1.9, 1.95]}
+    assert "fell well short" in scaling_text(sweep) and "Warning" not in scaling_text(sweep)
+    sweep.machine["parallel_scaling"] = {"processes": 2, "samples": [1.2, 1.1, 1.95]}
     assert scaling_text(sweep).startswith("**Warning") and scaling_text(sweep) in render_markdown(sweep)
+
+
+def test_sweep_probes_before_each_workload_and_at_the_end(monkeypatch):
+    calls = []
+    monkeypatch.setattr("shmvec.bench.sweep.parallel_scaling", lambda k: calls.append(k) or {"speedup": 1.5})
+    config = SweepConfig(workloads=["cartpole", "atari-like"], engines=["serial"], num_envs=[2], timing=TINY,
+                         num_workers=2)
+    sweep = run_sweep(config, progress=False)
+    assert calls == [2, 2, 2] and sweep.machine["parallel_scaling"] == {"processes": 2, "samples": [1.5] * 3}
 
 
 def test_machine_description():

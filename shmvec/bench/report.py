@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from shmvec.bench.machine import machine_line
@@ -72,37 +73,43 @@ def _cell_note(sweep: SweepResult, workload: str, n: int, engine: str) -> str:
     return "skipped" if r.status == "skipped" else "failed" if r.status == "failed" else "-"
 
 
-def _ceiling(sweep: SweepResult) -> tuple[int, list[float]] | None:
+def _scaling(sweep: SweepResult) -> tuple[int, float, float, int] | None:
+    """``(processes, median, lowest, samples)`` of the parallel-capacity probes, if any."""
     s = sweep.machine.get("parallel_scaling") or {}
-    values = [v for v in (s.get("before"), s.get("after")) if isinstance(v, (int, float))]
-    return (int(s.get("processes", 0)), values) if values and s.get("processes", 0) >= 2 else None
+    values = [v for v in s.get("samples", []) if isinstance(v, (int, float))]
+    k = int(s.get("processes", 0))
+    if not values or k < 2:
+        return None
+    return k, statistics.median(values), min(values), len(values)
 
 
 def scaling_text(sweep: SweepResult) -> str | None:
     """What the machine's own parallel capacity was during the run (``None`` if not probed)."""
-    c = _ceiling(sweep)
+    c = _scaling(sweep)
     if c is None:
         return None
-    k, values = c
-    s = sweep.machine["parallel_scaling"]
-    when = ", ".join(f"{format_ratio(s[w])} {w} the sweep" for w in ("before", "after") if s.get(w) is not None)
-    text = (f"Parallel capacity: CPU-bound work in {k} processes ran {when}, as fast as in one process "
-            f"(ideal {k}x). No engine can beat the serial loop by more than that here.")
-    if min(values) < 0.8 * k:
+    k, median, lowest, count = c
+    probes = f"median of {count} probes during the sweep, lowest {format_ratio(lowest)}" if count > 1 else "one probe"
+    text = (f"Parallel capacity: CPU-bound work in {k} processes ran {format_ratio(median)} as fast as in one "
+            f"process ({probes}; ideal {k}x). No engine can beat the serial loop by more than that here.")
+    if median < 0.8 * k:
         text = ("**Warning: this machine did not deliver its cores.** " + text + " The machine was busy, or its "
                 "vCPUs share physical cores: rerun on an idle machine before trusting the parallel figures.")
+    elif lowest < 0.8 * k:
+        text += (" At least one probe fell well short: something else ran for part of the sweep; "
+                 "cells with a large spread may be affected.")
     return text
 
 
 def targets_table(sweep: SweepResult, targets: list[Target] | None = None) -> str:
     """Target, measured, met/missed: computed from the ratios of this run."""
     rows = []
-    c = _ceiling(sweep)
+    c = _scaling(sweep)
     for o in evaluate(sweep, targets):
         status = {"met": "met", "missed": "**missed**"}.get(o.status, o.status)
         detail = o.detail
         if c is not None and o.target.peer == "serial" and o.ratio is not None:
-            detail += f" (machine ceiling {format_ratio(min(c[1]))})"
+            detail += f" (machine ceiling {format_ratio(c[1])})"
         rows.append([o.target.text, detail, status])
     return _table(["target", "measured", "status"], "llr", rows)
 

@@ -45,7 +45,7 @@ class SweepConfig:
     run_timeout : float, optional
         Seconds after which a run counts as hung and fails; default: generous, from the timing.
     probe_scaling : bool
-        Measure, before and after the sweep, how much faster CPU-bound work runs in
+        Measure, before each workload and at the end, how much faster CPU-bound work runs in
         ``num_workers`` processes than in one (:func:`~shmvec.bench.machine.parallel_scaling`):
         the ceiling of any engine's speedup here, reported with the results.
     """
@@ -197,13 +197,19 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
     t0 = time.perf_counter()
     runs = [p for p in plan if p.skip is None]
     bar = Progress([p.estimate_s for p in runs], stream=stream, enabled=progress)
-    scaling = {}
-    if config.probe_scaling:
-        bar.show("probing how CPU-bound work scales over processes")
-        scaling["before"] = parallel_scaling(config.workers())["speedup"]
+    samples: list[float] = []
+
+    def probe() -> None:
+        # Sampled several times: a neighbour's burst during one probe should not decide it.
+        if config.probe_scaling:
+            bar.show("probing how CPU-bound work scales over processes")
+            samples.append(parallel_scaling(config.workers())["speedup"])
+
     spaces: dict[str, Any] = {}
     results: list[RunResult] = []
     for p in plan:
+        if p.workload.key not in spaces and p.skip is None:
+            probe()
         if p.skip is not None:
             results.append(RunResult(p.workload.key, p.num_envs, p.engine.key, "skipped", p.skip))
             continue
@@ -220,13 +226,12 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
         timeout = config.run_timeout or 60.0 + 10.0 * p.estimate_s
         results.append(measure(p.engine, spec, config.timing, spaces[p.workload.key], timeout=timeout))
         bar.advance()
-    if config.probe_scaling:
-        scaling["after"] = parallel_scaling(config.workers())["speedup"]
+    probe()
     bar.finish()
     engines = get_engines(config.engines)
     machine = machine_info()
-    if scaling:
-        machine["parallel_scaling"] = {"processes": config.workers(), **scaling}
+    if samples:
+        machine["parallel_scaling"] = {"processes": config.workers(), "samples": samples}
     return SweepResult(
         machine=machine, config=config.to_dict(), results=results, started=started,
         elapsed_s=time.perf_counter() - t0,
