@@ -224,6 +224,8 @@ class WorkerPool:
         if main_envs:
             self.main_block = self._main_block(main_envs)
         self._done_col = self.ctrl[: self.num_procs, P.DONE]
+        self._target = [0] * self.num_procs  # the sequence number each lane must reach
+        self._cmd = [0] * self.num_procs  # the command each lane was last given
 
     @staticmethod
     def _check_spaces(start: int, o: Any, a: Any, obs_space: Any, act_space: Any) -> None:
@@ -268,7 +270,7 @@ class WorkerPool:
             conn.close()
         # The new worker starts from the current sequence number, with nothing pending.
         line = self.ctrl[w]
-        line[P.GO] = line[P.DONE] = self.seq
+        line[P.GO] = line[P.DONE] = self._target[w] = self.seq
         line[P.SLEEPING] = 0
         self._start_worker(w)
         deadline = self._deadline()
@@ -296,10 +298,139 @@ class WorkerPool:
                 proc.join(1.0)
                 raise WorkerDied(w, proc.exitcode, self.lanes[w])
 
-    # -- one command round -----------------------------------------------------------------
+    # -- command rounds ----------------------------------------------------------------------
+    # A round is submit (signal the lanes), then wait (for all, or for some in async mode),
+    # then collect (statuses and the rare pickled replies). Sync `run` is the three in a row.
+
+    def submit(self, cmd: int, procs: list[int], payloads: list | None = None) -> None:
+        """Start ``cmd`` on the worker lanes ``procs`` (indices of worker processes)."""
+        if self.closed or self.broken:
+            raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
+        seq = self.seq = self.seq + 1
+        ctrl, target = self.ctrl, self._target
+        for w in procs:
+            ctrl[w, P.CMD] = cmd
+            ctrl[w, P.PAYLOAD] = 1 if payloads is not None and payloads[w] is not None else 0
+            target[w] = seq
+            self._cmd[w] = cmd
+        fence()
+        if len(procs) == self.num_procs:
+            ctrl[: self.num_procs, P.GO] = seq
+        else:
+            for w in procs:
+                ctrl[w, P.GO] = seq
+        fence()
+        for w in procs:
+            if ctrl[w, P.SLEEPING]:
+                ring(self.wake_w[w])
+        if payloads is not None:
+            for w in procs:
+                if payloads[w] is not None:
+                    self.conns[w].send(payloads[w])
+
+    def finished(self, procs: list[int]) -> list[int]:
+        """The lanes among ``procs`` whose last submitted command has finished."""
+        done, target = self._done_col, self._target
+        return [w for w in procs if done[w] == target[w]]
+
+    def wait(self, procs: list[int], count: int, timeout: float | None) -> dict[int, Exception]:
+        """Spin, then block, until ``count`` lanes of ``procs`` have finished or failed.
+
+        Returns the failures (dead or timed-out workers, which count as finished).
+        """
+        done_col, target = self._done_col, self._target
+        failures: dict[int, Exception] = {}
+        def ready() -> bool:  # failed lanes count as finished
+            n = len(failures)
+            for w in procs:
+                if done_col[w] == target[w] and w not in failures:
+                    n += 1
+            return n >= count
+
+        # The spin polls a cheaper test in the common case: every worker, one sequence number.
+        quick = ready
+        if count >= len(procs) == self.num_procs and len(set(target[w] for w in procs)) == 1:
+            seq = target[procs[0]]
+            if self.num_procs == 1:
+                def quick() -> bool:
+                    return done_col[0] == seq
+            else:
+                def quick() -> bool:
+                    return bool((done_col == seq).all())
+
+        policy = self._wait_policy
+        t0 = time.perf_counter()
+        if spin_until(quick, policy):
+            policy.update(time.perf_counter() - t0)
+            fence()
+            return failures
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            watch = [w for w in procs if w not in failures and done_col[w] != target[w]]
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                dead = block_until(ready, self.main_line, self.done_r, [self.procs[w].sentinel for w in watch],
+                                   remaining)
+            except TimeoutError:
+                for w in watch:
+                    if done_col[w] != target[w]:
+                        self.procs[w].kill()
+                        self.procs[w].join(1.0)
+                        failures[w] = StepTimeout(
+                            f"worker {w} (envs {self.lanes[w].start}..{self.lanes[w].stop - 1}) did not "
+                            f"finish within timeout={timeout} s; it was stopped"
+                        )
+                break
+            for w in watch:
+                proc = self.procs[w]
+                if proc.sentinel in dead and done_col[w] != target[w]:
+                    proc.join(1.0)
+                    failures[w] = WorkerDied(w, proc.exitcode, self.lanes[w])
+            if not dead or ready():
+                break
+        policy.update(time.perf_counter() - t0)
+        fence()
+        return failures
+
+    def collect(self, procs: list[int], timeout: float | None) -> tuple[dict[int, Any], dict[int, Exception]]:
+        """Statuses and replies of finished lanes: ``({lane: reply}, {lane: WorkerError})``.
+
+        Only lanes whose status says a reply follows appear in the first dict.
+        """
+        replies: dict[int, Any] = {}
+        failures: dict[int, Exception] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ctrl = self.ctrl
+        for w in procs:
+            status = ctrl[w, P.STATUS]
+            if status == P.OK:
+                continue
+            phase = PHASES.get(self._cmd[w], str(self._cmd[w]))
+            try:
+                msg = self._recv(w, deadline, phase)
+            except (WorkerDied, StepTimeout) as exc:
+                failures[w] = exc
+                continue
+            if status == P.REPLY:
+                replies[w] = msg
+            else:
+                failures[w] = WorkerError(msg)
+        return replies, failures
+
+    def run_main(self, cmd: int, payload: Any) -> tuple[Any, Exception | None]:
+        """Run ``cmd`` on the block the main process steps itself."""
+        try:
+            return self.main_block.run(cmd, payload), None
+        except (KeyboardInterrupt, SystemExit):
+            self.broken = True
+            raise
+        except Exception as exc:
+            main = len(self.lanes) - 1
+            return None, WorkerError(P.error_report(exc, main, self.main_block.current, PHASES.get(cmd, str(cmd))))
+
     def run(self, cmd: int, payloads: list | None = None, timeout: float | None = -1.0,
             lanes: list[int] | None = None) -> tuple[list, dict[int, Exception]]:
-        """Run ``cmd`` on every lane (or on ``lanes``); return ``(replies, failures)``.
+        """Run ``cmd`` on every lane (or on ``lanes``) and wait; return ``(replies, failures)``.
 
         ``payloads`` holds one picklable payload per lane (or ``None``). ``replies`` has one
         entry per lane (``None`` where it had nothing to say). ``failures`` maps each lane that
@@ -307,61 +438,26 @@ class WorkerPool:
         :class:`WorkerDied` or :class:`StepTimeout` (the worker is gone). The caller decides:
         raise (see :meth:`raise_first`) or restart those lanes.
         """
-        if self.closed or self.broken:
-            raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
         if timeout == -1.0:
             timeout = self.timeout
-        phase = PHASES.get(cmd, str(cmd))
         procs = list(range(self.num_procs)) if lanes is None else [w for w in lanes if w < self.num_procs]
-        seq = self.seq = self.seq + 1
-        ctrl = self.ctrl
-        if procs:
-            for w in procs:
-                ctrl[w, P.CMD] = cmd
-                ctrl[w, P.PAYLOAD] = 1 if payloads is not None and payloads[w] is not None else 0
-            fence()
-            if lanes is None:
-                ctrl[: self.num_procs, P.GO] = seq
-            else:
-                for w in procs:
-                    ctrl[w, P.GO] = seq
-            fence()
-            for w in procs:
-                if ctrl[w, P.SLEEPING]:
-                    ring(self.wake_w[w])
-            if payloads is not None:
-                for w in procs:
-                    if payloads[w] is not None:
-                        self.conns[w].send(payloads[w])
         replies: list[Any] = [None] * len(self.lanes)
         failures: dict[int, Exception] = {}
+        if procs:
+            self.submit(cmd, procs, payloads)
+        elif self.closed or self.broken:
+            raise ClosedError("this vector env is closed")
         main = len(self.lanes) - 1
         if self.main_block is not None and (lanes is None or main in lanes):
-            try:
-                replies[main] = self.main_block.run(cmd, None if payloads is None else payloads[main])
-            except (KeyboardInterrupt, SystemExit):
-                self.broken = True
-                raise
-            except Exception as exc:
-                failures[main] = WorkerError(P.error_report(exc, main, self.main_block.current, phase))
+            replies[main], exc = self.run_main(cmd, None if payloads is None else payloads[main])
+            if exc is not None:
+                failures[main] = exc
         if procs:
-            failures.update(self._wait_done(seq, procs, timeout))
-            deadline = None if timeout is None else time.monotonic() + timeout
-            for w in procs:
-                if w in failures:
-                    continue
-                status = ctrl[w, P.STATUS]
-                if status == P.OK:
-                    continue
-                try:
-                    msg = self._recv(w, deadline, phase)
-                except (WorkerDied, StepTimeout) as exc:
-                    failures[w] = exc
-                    continue
-                if status == P.REPLY:
-                    replies[w] = msg
-                else:
-                    failures[w] = WorkerError(msg)
+            failures.update(self.wait(procs, len(procs), timeout))
+            got, failed = self.collect([w for w in procs if w not in failures], timeout)
+            failures.update(failed)
+            for w, reply in got.items():
+                replies[w] = reply
         return replies, failures
 
     def raise_first(self, failures: dict[int, Exception]) -> None:
@@ -371,60 +467,6 @@ class WorkerPool:
         if any(not isinstance(exc, WorkerError) for exc in failures.values()):
             self.broken = True
         raise failures[min(failures)]
-
-    def _wait_done(self, seq: int, procs: list[int], timeout: float | None) -> dict[int, Exception]:
-        """Wait until every worker in ``procs`` has finished round ``seq``, or failed."""
-        done_col = self._done_col
-        if len(procs) == self.num_procs == 1:
-            def all_done() -> bool:
-                return done_col[0] == seq
-        elif len(procs) == self.num_procs:
-            def all_done() -> bool:
-                return bool((done_col == seq).all())
-        else:
-            def all_done() -> bool:
-                return all(done_col[w] == seq for w in pending)
-
-        pending = list(procs)
-        failures: dict[int, Exception] = {}
-        policy = self._wait_policy
-        t0 = time.perf_counter()
-        if spin_until(all_done, policy):
-            policy.update(time.perf_counter() - t0)
-            fence()
-            return failures
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            sentinels = [self.procs[w].sentinel for w in pending]
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                dead = block_until(all_done, self.main_line, self.done_r, sentinels, remaining)
-            except TimeoutError:
-                late = [w for w in pending if done_col[w] != seq]
-                for w in late:
-                    self.procs[w].kill()
-                    self.procs[w].join(1.0)
-                    failures[w] = StepTimeout(
-                        f"worker {w} (envs {self.lanes[w].start}..{self.lanes[w].stop - 1}) did not finish "
-                        f"within timeout={timeout} s; it was stopped"
-                    )
-                break
-            if not dead:
-                break
-            for w in list(pending):
-                proc = self.procs[w]
-                if proc.sentinel in dead and done_col[w] != seq:
-                    proc.join(1.0)
-                    failures[w] = WorkerDied(w, proc.exitcode, self.lanes[w])
-                    pending.remove(w)
-            if not pending or all_done():
-                break
-            if len(pending) < self.num_procs:
-                def all_done() -> bool:  # noqa: F811 - narrowed to the workers still running
-                    return all(done_col[w] == seq for w in pending)
-        policy.update(time.perf_counter() - t0)
-        fence()
-        return failures
 
     # -- shutdown --------------------------------------------------------------------------
     def shutdown(self, timeout: float = 5.0) -> None:
