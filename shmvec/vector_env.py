@@ -14,6 +14,7 @@ from gymnasium.vector.utils import batch_space
 
 from shmvec import protocol as P
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
+from shmvec.infos import add_info
 from shmvec.layout import Leaf, assemble, flatten
 from shmvec.pool import WorkerPool, usable_cores
 
@@ -214,9 +215,6 @@ class ShmVecEnv(VectorEnv):
         self._restarted = None
         replies = self._run(P.STEP)
         infos = self._merge_infos(replies, same_step=self.autoreset_mode is AutoresetMode.SAME_STEP)
-        if self._restarted:
-            for i in self._restarted:
-                infos = self._add_info(infos, {"restarted": True}, i)
         if self.check_finite:
             self._check_finite(rewards=True)
         if self.copy:
@@ -321,22 +319,34 @@ class ShmVecEnv(VectorEnv):
                 env = int(np.argwhere(~finite)[0][0])
                 raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}")
 
-    def _merge_infos(self, replies: list, same_step: bool) -> dict[str, Any]:
-        """Gymnasium's dict-of-arrays infos, built in env order exactly as SyncVectorEnv does."""
+    def _merge_infos(self, replies: list, same_step: bool, ids: range | np.ndarray | None = None) -> dict[str, Any]:
+        """Gymnasium's dict-of-arrays infos, built in env order exactly as SyncVectorEnv does.
+
+        ``ids``: the envs of the batch (all envs when ``None``); info arrays are indexed by
+        position in the batch.
+        """
         reports = {env: (final_info, info) for lane in replies if lane for env, final_info, info in lane}
-        ended = np.flatnonzero(self._terms | self._truncs).tolist() if same_step else []
-        if ended and self._restarted:
-            ended = [i for i in ended if i not in set(self._restarted)]  # no final obs to give
+        restarted = self._restarted or ()
+        if ids is None:
+            size, pos = self.num_envs, None
+            ended = np.flatnonzero(self._terms | self._truncs).tolist() if same_step else []
+        else:
+            size = len(ids)
+            pos = {int(i): k for k, i in enumerate(ids)}
+            ended = [int(ids[k]) for k in np.flatnonzero(self._terms[ids] | self._truncs[ids])] if same_step else []
+        ended = [i for i in ended if i not in restarted]  # a restarted env has no final obs to give
         infos: dict[str, Any] = {}
-        if not reports and not ended:
-            return infos
-        for i in sorted(reports.keys() | set(ended)) if ended else sorted(reports):
-            final_info, info = reports.get(i, (None, None))
-            if same_step and i in ended:
-                final_obs = assemble(self.single_observation_space, [v[i].copy() for v in self._final_views])
-                infos = self._add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, i)
-            if info:
-                infos = self._add_info(infos, info, i)
+        if reports or ended or restarted:
+            for i in sorted(reports.keys() | set(ended) | set(restarted)):
+                k = i if pos is None else pos[i]
+                final_info, info = reports.get(i, (None, None))
+                if i in ended:
+                    final_obs = assemble(self.single_observation_space, [v[i].copy() for v in self._final_views])
+                    add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, k, size)
+                if info:
+                    add_info(infos, info, k, size)
+                if i in restarted:
+                    add_info(infos, {"restarted": True}, k, size)
         return infos
 
     def _observations(self) -> Any:

@@ -9,8 +9,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 
 def shm_entries() -> set[str]:
+    # Only this process's segments: other test runs on the machine may hold theirs.
     try:
-        return {name for name in os.listdir("/dev/shm") if name.startswith("shmvec_")}
+        return {name for name in os.listdir("/dev/shm") if name.startswith(f"shmvec_{os.getpid()}_")}
     except FileNotFoundError:
         return set()
 

@@ -1,0 +1,44 @@
+"""Gymnasium's dict-of-arrays infos, for a batch of any size.
+
+Gymnasium's ``VectorEnv._add_info`` sizes its arrays by the vector env's ``num_envs``;
+asynchronous collection returns batches of ``batch_size`` envs, so shmvec builds infos with
+this function for both. It reproduces Gymnasium's rules exactly (tested against
+``SyncVectorEnv``): every key gets an array of the batch's length plus a ``_key`` bool mask;
+the first value seen for a key picks the array's type (numbers: that dtype, arrays: that
+dtype and shape, anything else: an object array); nested dicts recurse; ``final_obs`` is
+always an object array.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int) -> dict[str, Any]:
+    """Merge one env's ``info`` into the batch ``infos`` at position ``index`` (of ``size``)."""
+    for key, value in info.items():
+        if key == "final_obs":
+            array = infos.get(key)
+            if array is None:
+                array = np.full(size, None, dtype=object)
+            array[index] = value
+        elif isinstance(value, dict):
+            array = add_info(infos.get(key, {}), value, index, size)
+        else:
+            array = infos.get(key)
+            if array is None:
+                if type(value) in (int, float, bool) or isinstance(value, np.number):
+                    array = np.zeros(size, dtype=type(value))
+                elif isinstance(value, np.ndarray):
+                    array = np.zeros((size, *value.shape), dtype=value.dtype)
+                else:
+                    array = np.full(size, None, dtype=object)
+            array[index] = value
+        mask = infos.get(f"_{key}")
+        if mask is None:
+            mask = np.zeros(size, dtype=np.bool_)
+        mask[index] = True
+        infos[key], infos[f"_{key}"] = array, mask
+    return infos
