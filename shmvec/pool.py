@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import secrets
+import select
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing import shared_memory
@@ -363,6 +364,16 @@ class WorkerPool:
         if spin_until(quick, policy):
             policy.update(time.perf_counter() - t0)
             fence()
+            if count < len(procs):
+                # Some lanes are still out: a dead one must not go unnoticed just because
+                # the others keep finishing (one select on their sentinels, no waiting).
+                late = [w for w in procs if done_col[w] != target[w]]
+                if late:
+                    dead, _, _ = select.select([self.procs[w].sentinel for w in late], [], [], 0)
+                    for w in late:
+                        if self.procs[w].sentinel in dead and done_col[w] != target[w]:
+                            self.procs[w].join(1.0)
+                            failures[w] = WorkerDied(w, self.procs[w].exitcode, self.lanes[w])
             return failures
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:

@@ -90,7 +90,8 @@ class ShmVecEnv(VectorEnv):
         env_fns: Sequence[Callable[[], gym.Env]],
         *,
         num_workers: int | None = None,
-        step_in_main: bool = True,
+        batch_size: int | None = None,
+        step_in_main: bool | None = None,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         copy: bool = True,
         context: str | None = None,
@@ -120,6 +121,9 @@ class ShmVecEnv(VectorEnv):
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
         self.num_workers = min(num_workers, self.num_envs)
+        self.batch_size = self._check_batch_size(batch_size, step_in_main)
+        if step_in_main is None:
+            step_in_main = self.batch_size == self.num_envs
         self.copy = copy
         self.validate_actions = validate_actions
         self._pool = WorkerPool(env_fns, self.num_workers, step_in_main, context, self.autoreset_mode.value,
@@ -148,12 +152,36 @@ class ShmVecEnv(VectorEnv):
             ro.flags.writeable = False
             readonly.append(ro)
         k = len(self._obs_views)
+        self._obs_readonly_leaves = readonly[:k]
         self._obs_readonly = assemble(self.single_observation_space, readonly[:k])
         self._rewards_ro, self._terms_ro, self._truncs_ro = readonly[k:]
         self._rewards, self._terms, self._truncs = views["rewards"], views["terminations"], views["truncations"]
         self._autoreset = views["autoreset"]
         self._stats = {name: views[name] for name in ("last_return", "last_length", "episode_count")}
         self._needs_reset = True
+        lanes = len(pool.lanes)
+        self._in_flight = [False] * lanes  # async: a command was sent, its results not received
+        self._idle = [False] * lanes  # async: results received, awaiting the next send
+        self._last_ids: np.ndarray | None = None
+
+    def _check_batch_size(self, batch_size: int | None, step_in_main: bool | None) -> int:
+        n, w = self.num_envs, self.num_workers
+        if batch_size is None or batch_size == n:
+            return n
+        if not isinstance(batch_size, int) or not 0 < batch_size < n:
+            raise ValueError(f"batch_size must be an int in 1..num_envs={n}, got {batch_size!r}")
+        if step_in_main:
+            raise ValueError("batch_size < num_envs (asynchronous collection) needs step_in_main=False: "
+                             "every block of envs must run in a worker of its own")
+        if self.autoreset_mode is AutoresetMode.DISABLED:
+            raise ValueError("asynchronous collection supports autoreset modes NEXT_STEP and SAME_STEP, not DISABLED")
+        if n % w:
+            raise ValueError(f"asynchronous collection needs num_envs ({n}) divisible by num_workers ({w}): "
+                             "batches are made of whole workers' blocks")
+        if batch_size % (n // w):
+            raise ValueError(f"batch_size ({batch_size}) must be a multiple of the envs per worker "
+                             f"({n // w} = num_envs {n} / num_workers {w})")
+        return batch_size
 
     # -- the VectorEnv API ----------------------------------------------------------------
     def reset(
@@ -167,14 +195,7 @@ class ShmVecEnv(VectorEnv):
         ``seed=int`` seeds env ``i`` with ``seed + i``; a list gives one seed (or ``None``) per env.
         """
         n = self.num_envs
-        if seed is None:
-            seeds = None
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(n)]
-        else:
-            seeds = list(seed)
-            if len(seeds) != n:
-                raise ValueError(f"reset(seed=...) got {len(seeds)} seeds, expected one per env (num_envs={n})")
+        seeds = self._seeds(seed)
         mask = None
         if options is not None and "reset_mask" in options:
             options = dict(options)
@@ -193,11 +214,24 @@ class ShmVecEnv(VectorEnv):
                  None if mask is None else mask[lane.start:lane.stop])
                 for lane in self._pool.lanes
             ]
+        self._drain()
         replies = self._run(P.RESET, payloads)
         self._needs_reset = False
+        self._idle = [True] * len(self._idle)
         if self.check_finite:
             self._check_finite(rewards=False)
         return self._observations(), self._merge_infos(replies, same_step=False)
+
+    def _seeds(self, seed: int | Sequence[int | None] | None) -> list | None:
+        n = self.num_envs
+        if seed is None:
+            return None
+        if isinstance(seed, (int, np.integer)):
+            return [int(seed) + i for i in range(n)]
+        seeds = list(seed)
+        if len(seeds) != n:
+            raise ValueError(f"reset(seed=...) got {len(seeds)} seeds, expected one per env (num_envs={n})")
+        return seeds
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with its row of ``actions``; see Gymnasium's ``VectorEnv.step``."""
@@ -205,6 +239,9 @@ class ShmVecEnv(VectorEnv):
             if self.closed:
                 raise ClosedError("step() on a closed ShmVecEnv")
             raise ResetNeeded("ShmVecEnv.step() was called before reset(); call reset() first")
+        if self.batch_size != self.num_envs:
+            raise ValueError(f"this ShmVecEnv collects asynchronously (batch_size={self.batch_size} < "
+                             f"num_envs={self.num_envs}): use send(actions, env_ids) and recv()")
         if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset.any():
             ended = np.flatnonzero(self._autoreset).tolist()
             raise ValueError(
@@ -247,6 +284,150 @@ class ShmVecEnv(VectorEnv):
         """Stop the workers, close every env and release the shared memory."""
         self._needs_reset = True
         self._finalizer()
+
+    # -- asynchronous collection (EnvPool style) -------------------------------------------
+    def async_reset(self, *, seed: int | Sequence[int | None] | None = None,
+                    options: dict[str, Any] | None = None) -> None:
+        """Start resetting every env without waiting; :meth:`recv` returns the batches.
+
+        ``seed`` and ``options`` are as in :meth:`reset` (``reset_mask`` excepted).
+        """
+        if self.closed:
+            raise ClosedError("this ShmVecEnv is closed; create a new one")
+        seeds = self._seeds(seed)
+        self._drain()
+        payloads = None
+        if seeds is not None or options is not None:
+            payloads = [(None if seeds is None else seeds[lane.start:lane.stop], options, None)
+                        for lane in self._pool.lanes]
+        self._submit(P.RESET, list(range(len(self._pool.lanes))), payloads)
+        self._needs_reset = False
+
+    def send(self, actions: Any, env_ids: Any) -> None:
+        """Step the envs ``env_ids`` (those :meth:`recv` just returned) with ``actions``.
+
+        ``actions`` holds one row per env of ``env_ids``, in that order. After :meth:`reset`,
+        every env is ready for a ``send``.
+        """
+        if self._needs_reset:
+            if self.closed:
+                raise ClosedError("send() on a closed ShmVecEnv")
+            raise ResetNeeded("send() was called before reset() or async_reset()")
+        ids = np.asarray(env_ids)
+        lanes = self._lanes_of(ids)
+        self._write_actions(actions, ids)
+        self._submit(P.STEP, lanes, None)
+
+    def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]:
+        """Wait for ``batch_size`` envs to finish; return their results and ids.
+
+        Returns ``(obs, rewards, terminations, truncations, infos, env_ids)``, each with one row
+        per env of ``env_ids`` (a whole number of workers' blocks, in env order). Blocks that
+        finish first are returned first. Autoreset, infos and episode statistics behave as in
+        :meth:`step`. With ``copy=False`` a batch of adjacent blocks comes as read-only views.
+        """
+        if self.closed:
+            raise ClosedError("recv() on a closed ShmVecEnv")
+        pool = self._pool
+        flying = [w for w, f in enumerate(self._in_flight) if f]
+        per_lane = self.num_envs // len(pool.lanes)
+        count = self.batch_size // per_lane
+        if len(flying) < count:
+            raise RuntimeError(f"recv() needs {self.batch_size} envs in flight, but only "
+                               f"{len(flying) * per_lane} are: call send() (or async_reset()) first")
+        try:
+            failures = pool.wait(flying, count, pool.timeout)
+            # Oldest submission first: a block that keeps finishing fast cannot starve the others.
+            ready = sorted(set(pool.finished(flying)) | set(failures), key=lambda w: pool._target[w])[:count]
+            ready.sort()
+            failures = {w: e for w, e in failures.items() if w in ready}
+            got, failed = pool.collect([w for w in ready if w not in failures], pool.timeout)
+            failures.update(failed)
+        except BaseException:
+            self.close()
+            raise
+        for w in ready:
+            self._in_flight[w] = False
+            self._idle[w] = True
+        self._restarted = None
+        if failures:
+            if self.on_error == "restart" and all(pool._cmd[w] == P.STEP for w in failures):
+                try:
+                    self._restart(failures)
+                except BaseException:
+                    self.close()
+                    raise
+            else:
+                try:
+                    pool.raise_first(failures)
+                finally:
+                    self.close()
+        lanes = [pool.lanes[w] for w in ready]
+        contiguous = all(a.stop == b.start for a, b in zip(lanes, lanes[1:]))
+        ids = np.arange(lanes[0].start, lanes[-1].stop) if contiguous else np.concatenate([np.arange(r.start, r.stop) for r in lanes])
+        index: slice | np.ndarray = slice(lanes[0].start, lanes[-1].stop) if contiguous else ids
+        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(pool._cmd[w] == P.STEP for w in ready)
+        infos = self._merge_infos([got.get(w) for w in ready], same_step=same_step, ids=ids)
+        self._last_ids = ids
+        if self.check_finite:
+            self._check_finite(rewards=True, index=index)
+        if not self.copy and contiguous:
+            obs = assemble(self.single_observation_space, [v[index] for v in self._obs_readonly_leaves])
+            return (obs, self._rewards_ro[index], self._terms_ro[index], self._truncs_ro[index], infos, ids)
+        obs = assemble(self.single_observation_space, [v[index].copy() if contiguous else v[index] for v in self._obs_views])
+        return (obs, self._rewards[index].copy(), self._terms[index].copy(), self._truncs[index].copy(), infos, ids)
+
+    def _lanes_of(self, ids: np.ndarray) -> list[int]:
+        """The idle lanes that ``ids`` covers exactly, or a ValueError saying what is expected."""
+        lanes = self._pool.lanes
+        per_lane = self.num_envs // len(lanes)
+        expected = self._last_ids
+        hint = ("the env_ids returned by the last recv()" if expected is not None
+                else "env ids of whole idle workers' blocks")
+        if ids.ndim != 1 or ids.size == 0 or ids.size % per_lane or ids.dtype.kind not in "iu":
+            raise ValueError(f"env_ids must be a 1-d integer array of {hint}; got {ids!r:.120}")
+        blocks = ids.reshape(-1, per_lane)
+        out = []
+        for block in blocks:
+            w = int(block[0]) // per_lane
+            if not (0 <= w < len(lanes)) or not np.array_equal(block, np.arange(lanes[w].start, lanes[w].stop)):
+                raise ValueError(f"env_ids must be {hint} (whole blocks of {per_lane} envs); got {ids!r:.120}")
+            if not self._idle[w]:
+                raise ValueError(f"envs {lanes[w].start}..{lanes[w].stop - 1} are already stepping: send() takes "
+                                 f"{hint}")
+            out.append(w)
+        if len(set(out)) != len(out):
+            raise ValueError(f"env_ids repeats a block: {ids!r:.120}")
+        return out
+
+    def _submit(self, cmd: int, lanes: list[int], payloads: list | None) -> None:
+        try:
+            self._pool.submit(cmd, lanes, payloads)
+        except BaseException:
+            self.close()
+            raise
+        for w in lanes:
+            self._in_flight[w] = True
+            self._idle[w] = False
+        self._last_ids = None
+
+    def _drain(self) -> None:
+        """Wait for every command in flight and drop its results (before a synchronous round)."""
+        flying = [w for w, f in enumerate(self._in_flight) if f]
+        if not flying:
+            return
+        pool = self._pool
+        try:
+            failures = pool.wait(flying, len(flying), pool.timeout)
+            _, failed = pool.collect([w for w in flying if w not in failures], pool.timeout)
+            failures.update(failed)
+            pool.raise_first({w: e for w, e in failures.items() if not isinstance(e, WorkerError)})
+        except BaseException:
+            self.close()
+            raise
+        for w in flying:
+            self._in_flight[w] = False
+            self._idle[w] = True
 
     def __enter__(self) -> ShmVecEnv:
         return self
@@ -309,14 +490,15 @@ class ShmVecEnv(VectorEnv):
             self.restarts.append((w, lane, failures[w]))
         self._restarted = [i for w in lanes for i in pool.lanes[w]]
 
-    def _check_finite(self, rewards: bool) -> None:
+    def _check_finite(self, rewards: bool, index: slice | np.ndarray = slice(None)) -> None:
         arrays = [("rewards", self._rewards)] if rewards else []
         arrays += [(f"observation{leaf.field}", view) for leaf, view in zip(self._obs_leaves, self._obs_views)
                    if view.dtype.kind == "f"]
+        envs = np.arange(self.num_envs)[index]
         for name, arr in arrays:
-            finite = np.isfinite(arr)
+            finite = np.isfinite(arr[index])
             if not finite.all():
-                env = int(np.argwhere(~finite)[0][0])
+                env = int(envs[np.argwhere(~finite)[0][0]])
                 raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}")
 
     def _merge_infos(self, replies: list, same_step: bool, ids: range | np.ndarray | None = None) -> dict[str, Any]:
@@ -356,8 +538,9 @@ class ShmVecEnv(VectorEnv):
             return self._obs_views[0].copy()
         return assemble(self.single_observation_space, [v.copy() for v in self._obs_views])
 
-    def _write_actions(self, actions: Any) -> None:
-        n = self.num_envs
+    def _write_actions(self, actions: Any, ids: np.ndarray | None = None) -> None:
+        """Check ``actions`` (for all envs, or for ``ids``) and write them into shared memory."""
+        n = self.num_envs if ids is None else len(ids)
         if len(self._act_leaves) == 1 and not self._act_leaves[0].path:
             parts = [actions]
         else:
@@ -367,16 +550,26 @@ class ShmVecEnv(VectorEnv):
                 raise ValueError(
                     f"actions do not match action_space {self.action_space}: {type(exc).__name__}: {exc}"
                 ) from None
-        for leaf, view, part in zip(self._act_leaves, self._act_views, parts):
+        checked = []
+        for leaf, part in zip(self._act_leaves, parts):
             a = np.asarray(part)
-            if a.shape != view.shape:
+            if a.shape != (n, *leaf.shape):
                 raise ValueError(
-                    f"actions{leaf.field} have shape {a.shape}, expected {view.shape} "
-                    f"(num_envs={n}, single_action_space{leaf.field}={leaf.space})"
+                    f"actions{leaf.field} have shape {a.shape}, expected {(n, *leaf.shape)} "
+                    f"({n} envs, single_action_space{leaf.field}={leaf.space})"
                 )
             if self.validate_actions:
                 check_actions(leaf, a)
-            np.copyto(view, a, casting="unsafe")
+            checked.append(a)
+        # Written only once every leaf passed: a refused action leaves nothing half-written.
+        target = slice(None) if ids is None else slice(int(ids[0]), int(ids[-1]) + 1)
+        if ids is not None and target.stop - target.start != len(ids):
+            target = ids
+        for view, a in zip(self._act_views, checked):
+            if isinstance(target, slice):
+                np.copyto(view[target], a, casting="unsafe")
+            else:
+                view[target] = a
 
 
 def check_actions(leaf: Leaf, a: np.ndarray) -> None:

@@ -1,0 +1,184 @@
+"""Asynchronous collection (send/recv with batch_size < num_envs)."""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from envs_for_tests import FaultyEnv
+from gymnasium.vector import AutoresetMode
+
+import shmvec
+
+
+class Jittery(gym.Wrapper):
+    """Sleeps a random few hundred microseconds per step (from an RNG the env never sees),
+    so that blocks finish in a different order every run."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self._jitter = random.Random()
+
+    def step(self, action):
+        if self._jitter.random() < 0.3:
+            time.sleep(self._jitter.random() * 0.002)
+        return self.env.step(action)
+
+
+def jittery_cartpole():
+    return Jittery(gym.make("CartPole-v1"))
+
+
+def policy(obs, ids):
+    """Deterministic per env: depends only on the env's own observation and its id."""
+    return ((obs[:, 2] + 0.01 * (ids % 3) > 0)).astype(np.int64)
+
+
+def trajectories_sync(num_envs, steps, mode):
+    out = {i: [] for i in range(num_envs)}
+    with shmvec.ShmVecEnv([jittery_cartpole] * num_envs, num_workers=2, autoreset_mode=mode) as envs:
+        obs, _ = envs.reset(seed=3)
+        ids = np.arange(num_envs)
+        for _ in range(steps):
+            obs, rew, term, trunc, infos = envs.step(policy(obs, ids))
+            for i in ids:
+                out[i].append((obs[i].tobytes(), rew[i], term[i], trunc[i]))
+    return out
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_per_env_trajectories_match_synchronous_step(mode):
+    num_envs, steps = 8, 120
+    ref = trajectories_sync(num_envs, steps, mode)
+    got = {i: [] for i in range(num_envs)}
+    orders = set()
+    with shmvec.ShmVecEnv([jittery_cartpole] * num_envs, num_workers=4, batch_size=4, autoreset_mode=mode) as envs:
+        envs.async_reset(seed=3)
+        was_reset = set()  # each env's first batch after async_reset holds its reset observation
+        while min(len(v) for v in got.values()) < steps:
+            obs, rew, term, trunc, infos, ids = envs.recv()
+            orders.add(tuple(ids))
+            for k, i in enumerate(ids):
+                if i in was_reset:
+                    got[i].append((obs[k].tobytes(), rew[k], term[k], trunc[k]))
+                was_reset.add(i)
+            envs.send(policy(obs, ids), ids)
+    for i in range(num_envs):
+        assert got[i][:steps] == ref[i], f"env {i} diverged from its synchronous trajectory"
+    assert len(orders) > 1  # batches really came in varying combinations
+
+
+def test_recv_returns_ready_blocks_first():
+    slow = functools.partial(SlowFirstBlock)
+    with shmvec.ShmVecEnv([slow] * 4, num_workers=4, batch_size=2) as envs:
+        envs.reset(seed=0)
+        envs.send(np.zeros(4, dtype=np.int64), np.arange(4))
+        *_, ids = envs.recv()
+        assert ids.tolist() in ([2, 3],)  # blocks 0 and 1 are slow: the others come first
+        envs.send(np.zeros(2, dtype=np.int64), ids)
+        *_, ids2 = envs.recv()
+        assert set(ids2.tolist()) <= {0, 1, 2, 3} and len(ids2) == 2
+
+
+class SlowFirstBlock(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.slow = seed is not None and seed < 2
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        if self.slow:
+            time.sleep(0.2)
+        return np.zeros(1, np.float32), 1.0, False, False, {}
+
+
+def test_infos_and_final_obs_are_indexed_by_batch_position():
+    with shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1", max_episode_steps=5)] * 6, num_workers=3, batch_size=2,
+                          autoreset_mode=AutoresetMode.SAME_STEP) as envs:
+        envs.async_reset(seed=0)
+        seen = 0
+        for _ in range(30):
+            obs, rew, term, trunc, infos, ids = envs.recv()
+            if trunc.any():
+                assert infos["_final_obs"].tolist() == trunc.tolist()
+                assert len(infos["final_obs"]) == 2
+                assert all(infos["final_obs"][k].shape == (4,) for k in np.flatnonzero(trunc))
+                seen += 1
+            envs.send(np.ones(2, dtype=np.int64), ids)
+        assert seen > 0
+
+
+def test_copy_false_gives_readonly_views_for_a_block():
+    with shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2, copy=False) as envs:
+        envs.async_reset(seed=0)
+        obs, rew, *_ , ids = envs.recv()
+        assert not obs.flags.writeable and not obs.flags.owndata and obs.shape == (2, 4)
+
+
+def test_argument_checks():
+    with pytest.raises(ValueError, match="multiple of the envs per worker"):
+        shmvec.make("CartPole-v1", num_envs=8, num_workers=2, batch_size=2)
+    with pytest.raises(ValueError, match="divisible by num_workers"):
+        shmvec.make("CartPole-v1", num_envs=7, num_workers=2, batch_size=3)
+    with pytest.raises(ValueError, match="step_in_main=False"):
+        shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2, step_in_main=True)
+    with pytest.raises(ValueError, match="DISABLED"):
+        shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2, autoreset_mode=AutoresetMode.DISABLED)
+    with shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2) as envs:
+        with pytest.raises(gym.error.ResetNeeded):
+            envs.send(np.zeros(2, dtype=np.int64), np.arange(2))
+        envs.async_reset(seed=0)
+        obs, rew, term, trunc, infos, ids = envs.recv()
+        with pytest.raises(ValueError, match="send\\(actions, env_ids\\) and recv"):
+            envs.step(np.zeros(4, dtype=np.int64))
+        other = np.setdiff1d(np.arange(4), ids)
+        with pytest.raises(ValueError, match="already stepping"):
+            envs.send(np.zeros(2, dtype=np.int64), other)
+        with pytest.raises(ValueError, match="whole blocks"):
+            envs.send(np.zeros(2, dtype=np.int64), ids[::-1])
+        with pytest.raises(ValueError, match=r"shape \(3,\)"):
+            envs.send(np.zeros(3, dtype=np.int64), ids)
+        envs.send(np.zeros(2, dtype=np.int64), ids)  # still usable
+        envs.recv()
+        envs.recv()
+        with pytest.raises(RuntimeError, match="in flight"):
+            envs.recv()
+        # A synchronous reset makes every env ready for send.
+        obs, _ = envs.reset(seed=1)
+        envs.send(np.zeros(4, dtype=np.int64), np.arange(4))
+        assert len(envs.recv()[-1]) == 2
+
+
+def test_async_restart_on_error():
+    fns = [functools.partial(FaultyEnv, "kill" if i == 0 else "none", 2) for i in range(4)]
+    with shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2, on_error="restart") as envs:
+        envs.async_reset(seed=0)
+        restarted = 0
+        for _ in range(400):  # which block comes back first is up to the scheduler
+            if restarted >= 2:
+                break
+            obs, rew, term, trunc, infos, ids = envs.recv()
+            if "restarted" in infos:
+                assert ids.tolist() == [0, 1] and infos["_restarted"].all() and trunc.all()
+                restarted += 1
+            envs.send(np.zeros(2, dtype=np.int64), ids)
+        assert restarted >= 2 and len(envs.restarts) == restarted
+
+
+def test_async_error_closes_without_restart():
+    fns = [functools.partial(FaultyEnv, "raise" if i == 3 else "none", 2) for i in range(4)]
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2)
+    envs.reset(seed=0)
+    envs.send(np.zeros(4, dtype=np.int64), np.arange(4))
+    with pytest.raises(shmvec.WorkerError, match="step exploded"):
+        for _ in range(400):
+            *_, ids = envs.recv()
+            envs.send(np.zeros(2, dtype=np.int64), ids)
+    assert envs.closed
