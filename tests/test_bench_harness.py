@@ -491,3 +491,10 @@ def test_broken_peer_install_is_skipped_with_the_error(monkeypatch):
     monkeypatch.setattr("importlib.import_module", lambda name: (_ for _ in ()).throw(FileNotFoundError("x" * 300)))
     reason = ENGINES["envpool"].unavailable()
     assert reason.startswith("fails to import: FileNotFoundError: xxx") and len(reason) < 200
+
+
+def test_sb3_peer_when_installed():
+    pytest.importorskip("stable_baselines3")  # optional peer: checked only where it is installed
+    r = measure(ENGINES["sb3"], spec(2), TINY, action_space())
+    assert r.ok, r.reason
+    assert r.workers == 2 and r.processes == 2
