@@ -82,6 +82,9 @@ class SubprocVecEnv:
         **shmvec_kwargs: Any,
     ) -> None:
         del spaces  # classic signature only
+        for forced in ("autoreset_mode", "batch_size"):
+            if forced in shmvec_kwargs:
+                raise TypeError(f"SubprocVecEnv sets {forced!r} itself (the classic API steps every env, SAME_STEP)")
         env_fns = list(env_fns)
         if not isinstance(in_series, int) or in_series < 1:
             raise ValueError(f"in_series must be a positive int, got {in_series!r}")

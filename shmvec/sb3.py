@@ -48,14 +48,12 @@ class SubprocVecEnv(VecEnv):
     num_workers : int, optional
         Env blocks stepped in parallel (default: the usable cores, at most ``len(env_fns)``).
         SB3 starts one process per env; shmvec steps several envs per process.
-    step_in_main : bool, default True
-        Step one block in this process (see :class:`~shmvec.ShmVecEnv`).
     validate_actions : bool, default False
         Check actions against the action space before stepping. Off by default because SB3
         passes actions to the envs unchecked, and code that relies on that should not break.
     **shmvec_kwargs
-        Other :class:`~shmvec.ShmVecEnv` options: ``timeout``, ``on_error``,
-        ``check_finite``, ``spin_us``.
+        Other :class:`~shmvec.ShmVecEnv` options: ``step_in_main``, ``timeout``,
+        ``on_error``, ``check_finite``, ``spin_us``.
 
     Attributes
     ----------
@@ -69,13 +67,14 @@ class SubprocVecEnv(VecEnv):
         start_method: str | None = None,
         *,
         num_workers: int | None = None,
-        step_in_main: bool = True,
         validate_actions: bool = False,
         **shmvec_kwargs: Any,
     ) -> None:
-        for forced in ("autoreset_mode", "copy", "context"):
+        for forced in ("autoreset_mode", "copy", "context", "batch_size"):
             if forced in shmvec_kwargs:
-                raise TypeError(f"SubprocVecEnv sets {forced!r} itself (SB3's semantics need it)")
+                # SB3's semantics need SAME_STEP, owned arrays and every env in every step.
+                hint = "; pass start_method= instead" if forced == "context" else ""
+                raise TypeError(f"SubprocVecEnv sets {forced!r} itself, as SB3's semantics need{hint}")
         self.waiting = False
         self.closed = False
         self._actions: Any = None
@@ -85,7 +84,6 @@ class SubprocVecEnv(VecEnv):
         self.vector_env = ShmVecEnv(
             factories,
             num_workers=num_workers,
-            step_in_main=step_in_main,
             autoreset_mode=AutoresetMode.SAME_STEP,  # SB3's semantics: reset within the step
             copy=True,  # SB3 hands the arrays to user code and replay buffers: they must be owned
             context=start_method,

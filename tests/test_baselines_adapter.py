@@ -153,6 +153,8 @@ def test_classic_signature_and_in_series():
         envs.step(np.zeros(6, dtype=np.int64))
     with pytest.raises(ValueError):
         SubprocVecEnv(fns, in_series=0)
+    with pytest.raises(TypeError, match="autoreset_mode"):
+        SubprocVecEnv(fns, autoreset_mode="NextStep")
 
 
 def test_get_images():

@@ -414,8 +414,44 @@ def test_shmvec_options_pass_through(closing):
     venv.reset()
     with pytest.raises(ValueError):
         venv.step(np.array([0, 5]))
-    with pytest.raises(TypeError, match="autoreset_mode"):
-        SubprocVecEnv([lambda: gym.make("CartPole-v1")], autoreset_mode="NextStep")
+    for forced in ("autoreset_mode", "copy", "context", "batch_size"):
+        with pytest.raises(TypeError, match=forced):
+            SubprocVecEnv([lambda: gym.make("CartPole-v1")], **{forced: None})
+
+
+class CrashAtStep(gym.Env):
+    """Box observations; raises at its fifth step."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t == 5:
+            raise RuntimeError("boom")
+        return np.full(2, 0.1 * self.t, dtype=np.float32), 1.0, False, False, {}
+
+
+def test_on_error_restart_reports_a_truncation_without_final_obs(closing):
+    venv = SubprocVecEnv([CrashAtStep] * 4, num_workers=2, step_in_main=False, on_error="restart")
+    closing(venv)
+    venv.reset()
+    for _ in range(4):
+        _, _, done, infos = venv.step(np.zeros(4, dtype=np.int64))
+        assert not done.any()
+    _, _, done, infos = venv.step(np.zeros(4, dtype=np.int64))
+    assert done.all()
+    for info in infos:
+        assert info["restarted"] is True and info["TimeLimit.truncated"] is True
+        assert "terminal_observation" not in info  # lost with the crashed env; SB3's algorithms check for it
+    assert len(venv.vector_env.restarts) == 2
 
 
 def test_import_shmvec_does_not_import_sb3_or_torch():
