@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "ShmVecEnv": "shmvec.vector_env",
     "make": "shmvec.vector_env",
+    "AsyncRollout": "shmvec.rollout",
     "AutoresetMode": "gymnasium.vector",
     "ShmVecError": "shmvec.errors",
     "WorkerError": "shmvec.errors",

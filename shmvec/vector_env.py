@@ -322,8 +322,9 @@ class ShmVecEnv(VectorEnv):
         """Wait for ``batch_size`` envs to finish; return their results and ids.
 
         Returns ``(obs, rewards, terminations, truncations, infos, env_ids)``, each with one row
-        per env of ``env_ids`` (a whole number of workers' blocks, in env order). Blocks that
-        finish first are returned first. Autoreset, infos and episode statistics behave as in
+        per env of ``env_ids`` (a whole number of workers' blocks, in env order): ``batch_size``
+        envs, or all those in flight if fewer (when you hold some back). Blocks that finish
+        first are returned first. Autoreset, infos and episode statistics behave as in
         :meth:`step`. With ``copy=False`` a batch of adjacent blocks comes as read-only views.
         """
         if self.closed:
@@ -332,9 +333,9 @@ class ShmVecEnv(VectorEnv):
         flying = [w for w, f in enumerate(self._in_flight) if f]
         per_lane = self.num_envs // len(pool.lanes)
         count = self.batch_size // per_lane
-        if len(flying) < count:
-            raise RuntimeError(f"recv() needs {self.batch_size} envs in flight, but only "
-                               f"{len(flying) * per_lane} are: call send() (or async_reset()) first")
+        if not flying:
+            raise RuntimeError("recv() with no env in flight: call send() (or async_reset()) first")
+        count = min(count, len(flying))  # fewer in flight (envs held back): return what there is
         try:
             failures = pool.wait(flying, count, pool.timeout)
             # Oldest submission first: a block that keeps finishing fast cannot starve the others.

@@ -148,7 +148,7 @@ def test_argument_checks():
         envs.send(np.zeros(2, dtype=np.int64), ids)  # still usable
         envs.recv()
         envs.recv()
-        with pytest.raises(RuntimeError, match="in flight"):
+        with pytest.raises(RuntimeError, match="no env in flight"):
             envs.recv()
         # A synchronous reset makes every env ready for send.
         obs, _ = envs.reset(seed=1)
@@ -182,3 +182,45 @@ def test_async_error_closes_without_restart():
             *_, ids = envs.recv()
             envs.send(np.zeros(2, dtype=np.int64), ids)
     assert envs.closed
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_async_rollout_columns_equal_a_synchronous_rollout(mode):
+    num_envs, T = 8, 40
+    fields = {"obs": ((4,), np.float32), "actions": ((), np.int64)}
+    # Reference: a synchronous loop, one row per step.
+    ref_obs, ref_act = np.zeros((T, num_envs, 4), np.float32), np.zeros((T, num_envs), np.int64)
+    ref_rew, ref_term, ref_trunc = np.zeros((T, num_envs)), np.zeros((T, num_envs), bool), np.zeros((T, num_envs), bool)
+    with shmvec.ShmVecEnv([jittery_cartpole] * num_envs, num_workers=2, autoreset_mode=mode) as envs:
+        obs, _ = envs.reset(seed=5)
+        ids = np.arange(num_envs)
+        for t in range(T + 1):
+            act = policy(obs, ids)
+            if t == T:
+                ref_last_obs = obs.copy()
+                break
+            ref_obs[t], ref_act[t] = obs, act
+            obs, ref_rew[t], ref_term[t], ref_trunc[t], _ = envs.step(act)
+    rollout = shmvec.AsyncRollout(num_envs, T, fields, autoreset_mode=mode)
+    with shmvec.ShmVecEnv([jittery_cartpole] * num_envs, num_workers=4, batch_size=4, autoreset_mode=mode) as envs:
+        envs.async_reset(seed=5)
+        while not rollout.full:
+            obs, rew, term, trunc, infos, ids = envs.recv()
+            rollout.record_outcome(ids, rew, term, trunc)
+            act = policy(obs, ids)
+            go = rollout.record_step(ids, obs=obs, actions=act)
+            if go.any():
+                envs.send(act[go], ids[go])
+    np.testing.assert_array_equal(rollout["obs"], ref_obs)
+    np.testing.assert_array_equal(rollout["actions"], ref_act)
+    np.testing.assert_array_equal(rollout.rewards, ref_rew)
+    np.testing.assert_array_equal(rollout.terminations, ref_term)
+    np.testing.assert_array_equal(rollout.truncations, ref_trunc)
+    np.testing.assert_array_equal(rollout.last["obs"], ref_last_obs)
+    ended = ref_term | ref_trunc
+    expected_valid = np.ones_like(ended)
+    if mode is AutoresetMode.NEXT_STEP:
+        expected_valid[1:] = ~ended[:-1]
+    np.testing.assert_array_equal(rollout.valid, expected_valid)
+    assert ended.any()
+    assert (rollout.clear() == np.arange(num_envs)).all() and not rollout.full
