@@ -224,3 +224,16 @@ def test_async_rollout_columns_equal_a_synchronous_rollout(mode):
     np.testing.assert_array_equal(rollout.valid, expected_valid)
     assert ended.any()
     assert (rollout.clear() == np.arange(num_envs)).all() and not rollout.full
+
+
+def test_async_example_runs():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, os.path.join(root, "examples", "async_gae.py"), "--num-envs", "8",
+                          "--num-workers", "2", "--batch-size", "4", "--num-steps", "8", "--rollouts", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("rollout ") == 2
