@@ -20,6 +20,7 @@ _LAZY = {
     "ShmVecEnv": "shmvec.vector_env",
     "make": "shmvec.vector_env",
     "AsyncRollout": "shmvec.rollout",
+    "SubprocVecEnv": "shmvec.baselines",
     "AutoresetMode": "gymnasium.vector",
     "ShmVecError": "shmvec.errors",
     "WorkerError": "shmvec.errors",
