@@ -97,12 +97,48 @@ class _EnvPoolStepper:
             close()
 
 
+class _AsyncStepper:
+    """shmvec's asynchronous collection timed as the sync engines are: one ``step`` call runs
+    recv/send cycles until every env has advanced once on average (``num_envs`` env steps)."""
+
+    def __init__(self, env: Any, workers: int) -> None:
+        self.env, self.workers = env, workers
+        self.cycles = env.num_envs // env.batch_size
+        self._primed = False
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed=seed)
+        self._primed = False
+
+    def step(self, actions: Any) -> None:
+        env = self.env
+        if not self._primed:  # after reset every env waits for its first actions
+            import numpy as np
+
+            env.send(actions, np.arange(env.num_envs))
+            self._primed = True
+        for _ in range(self.cycles):
+            ids = env.recv()[-1]
+            env.send(actions[ids], ids)
+
+    def close(self) -> None:
+        self.env.close()
+
+
 # -- builders ---------------------------------------------------------------------------------
 def _build_shmvec(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
 
     workers = min(spec.num_workers, spec.num_envs)
     return VectorEnvStepper(ShmVecEnv(spec.env_fns(), num_workers=workers), workers)
+
+
+def _build_shmvec_async(spec: RunSpec) -> Stepper:
+    from shmvec.vector_env import ShmVecEnv
+
+    workers = min(spec.num_workers, spec.num_envs)
+    env = ShmVecEnv(spec.env_fns(), num_workers=workers, batch_size=spec.num_envs // workers)
+    return _AsyncStepper(env, workers)
 
 
 def _build_gym_sync(spec: RunSpec) -> Stepper:
@@ -228,6 +264,8 @@ ENGINES: dict[str, Engine] = {
     for e in [
         Engine("shmvec", "shmvec", "ShmVecEnv, num_workers = usable cores, step_in_main",
                _build_shmvec, lambda s: min(s.num_workers, s.num_envs) - 1),
+        Engine("shmvec-async", "shmvec async", "ShmVecEnv(batch_size = num_envs / num_workers): send/recv, "
+               "every block in a worker", _build_shmvec_async, lambda s: min(s.num_workers, s.num_envs)),
         Engine("gym-sync", "gym Sync", "gymnasium.vector.SyncVectorEnv", _build_gym_sync, _none),
         Engine("gym-async-shm", "gym Async (shm)", "AsyncVectorEnv(shared_memory=True), one process per env",
                _build_gym_async(True), _per_env),
