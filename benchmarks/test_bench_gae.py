@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from shmvec.gae import gae
+from shmvec.advantage import gae
 
 SIZES = [(128, 8), (2048, 64), (128, 4096), (1024, 1024)]
 IDS = [f"{T}x{N}" for T, N in SIZES]

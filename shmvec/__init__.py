@@ -28,8 +28,8 @@ _LAZY = {
     "StepTimeout": "shmvec.errors",
     "ClosedError": "shmvec.errors",
     "NonFiniteError": "shmvec.errors",
-    "gae": "shmvec.gae",
-    "discounted_returns": "shmvec.gae",
+    "gae": "shmvec.advantage",
+    "discounted_returns": "shmvec.advantage",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["shmvec", "shmvec.vector_env", "shmvec.rollout"])
+@pytest.mark.parametrize("module", ["shmvec", "shmvec.vector_env", "shmvec.rollout", "shmvec.advantage"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0

@@ -47,7 +47,6 @@ automatically when cores are idle. See ``docs/gae.md``.
 from __future__ import annotations
 
 import os
-import sys
 import types
 from time import perf_counter
 from typing import Any
@@ -706,18 +705,3 @@ def discounted_returns(
     _compute(r, v, te, tr, lv, fv, vd, ret, ret, gamma, lam, mode, parallel)
     return ret
 
-
-class _CallableModule(types.ModuleType):
-    """This module, callable as :func:`gae`.
-
-    ``shmvec.gae`` is meant to be the function (``shmvec/__init__.py`` exports it lazily),
-    but once this submodule is imported directly (``from shmvec.gae import ...``) the import
-    system binds the package attribute ``shmvec.gae`` to the module instead. Making the
-    module callable keeps ``shmvec.gae(...)`` working whichever way it was first imported.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> tuple[np.ndarray, np.ndarray]:
-        return gae(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
