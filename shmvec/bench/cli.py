@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", type=_names, metavar="A,B", help="workloads to run (see --list)")
     b.add_argument("--engines", type=_names, metavar="A,B", help="engines to run (see --list)")
     b.add_argument("--num-envs", type=_ints, metavar="N,M", help="sizes to sweep (default 8,32,128,256; quick 8,32)")
-    b.add_argument("--seconds", type=_positive, help="length of one measurement window (default 1.2; quick 0.2)")
+    b.add_argument("--seconds", type=_positive, help="length of one measurement window (default 1.2; quick 0.15)")
     b.add_argument("--repeats", type=int, help="windows per cell; the median is reported (default 3; quick 2)")
     b.add_argument("--warmup", type=float, help="warm-up seconds before the windows (default 0.2; quick 0.1)")
     b.add_argument("--num-workers", type=int, help="shmvec's num_workers (default: usable cores)")

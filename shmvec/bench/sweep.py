@@ -69,7 +69,7 @@ class SweepConfig:
     @classmethod
     def quick_preset(cls, **overrides: Any) -> SweepConfig:
         """``--quick``: a small sweep for CI smoke tests and first impressions (under a minute)."""
-        base = cls(num_envs=[8, 32], timing=Timing(seconds=0.2, repeats=2, warmup=0.1), max_procs=32, quick=True)
+        base = cls(num_envs=[8, 32], timing=Timing(seconds=0.15, repeats=2, warmup=0.1), max_procs=32, quick=True)
         return replace(base, **overrides)
 
     def workers(self) -> int:
