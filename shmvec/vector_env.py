@@ -13,6 +13,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec import protocol as P
+from shmvec.actions import check_actions
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
 from shmvec.layout import Leaf, assemble, flatten
@@ -571,42 +572,6 @@ class ShmVecEnv(VectorEnv):
                 np.copyto(view[target], a, casting="unsafe")
             else:
                 view[target] = a
-
-
-def check_actions(leaf: Leaf, a: np.ndarray) -> None:
-    """Raise ``ValueError`` if the batch ``a`` is not made of valid samples of ``leaf.space``.
-
-    The common cases cost one or two reductions; the offending env is located only on failure.
-    """
-    space = leaf.space
-    where = f"actions{leaf.field}"
-    if isinstance(space, gym.spaces.Box):
-        if a.dtype.kind not in "fiub":
-            raise ValueError(f"{where} have dtype {a.dtype}, expected a number type for {space}")
-        ok = bool(((a >= space.low) & (a <= space.high)).all())  # NaN fails both comparisons
-    else:
-        if a.dtype.kind not in "iub":
-            raise ValueError(f"{where} have dtype {a.dtype}, expected integers for {space}")
-        if isinstance(space, gym.spaces.MultiBinary):
-            low, high = 0, 2
-        elif isinstance(space, gym.spaces.Discrete):
-            low, high = space.start, space.start + space.n
-        else:
-            low, high = space.start, space.start + space.nvec
-        if np.ndim(high) == 0 and low == 0 and a.dtype.kind == "i":
-            # One reduction: negative values wrap to huge unsigned ones.
-            ok = a.size == 0 or a.view(f"u{a.itemsize}").max() < high
-        elif np.ndim(high) == 0:
-            ok = a.size == 0 or (a.min() >= low and a.max() < high)
-        else:
-            ok = bool(((a >= low) & (a < high)).all())
-    if not ok:
-        if isinstance(space, gym.spaces.Box):
-            bad = ~((a >= space.low) & (a <= space.high))
-        else:
-            bad = (a < low) | (a >= high)
-        env = int(np.argwhere(bad)[0][0])
-        raise ValueError(f"{where}[{env}] = {a[env]!r} is outside the action space {space} (env {env})")
 
 
 class _MakeEnv:
