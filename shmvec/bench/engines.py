@@ -133,6 +133,13 @@ def _build_shmvec(spec: RunSpec) -> Stepper:
     return VectorEnvStepper(ShmVecEnv(spec.env_fns(), num_workers=workers), workers)
 
 
+def _build_shmvec_procs(spec: RunSpec) -> Stepper:
+    from shmvec.vector_env import ShmVecEnv
+
+    workers = min(spec.num_workers, spec.num_envs)
+    return VectorEnvStepper(ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=False), workers)
+
+
 def _build_shmvec_async(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
 
@@ -264,6 +271,8 @@ ENGINES: dict[str, Engine] = {
     for e in [
         Engine("shmvec", "shmvec", "ShmVecEnv, num_workers = usable cores, step_in_main",
                _build_shmvec, lambda s: min(s.num_workers, s.num_envs) - 1),
+        Engine("shmvec-procs", "shmvec workers only", "ShmVecEnv(step_in_main=False): every block in a worker, "
+               "the layout async collection uses", _build_shmvec_procs, lambda s: min(s.num_workers, s.num_envs)),
         Engine("shmvec-async", "shmvec async", "ShmVecEnv(batch_size = num_envs / num_workers): send/recv, "
                "every block in a worker", _build_shmvec_async, lambda s: min(s.num_workers, s.num_envs)),
         Engine("gym-sync", "gym Sync", "gymnasium.vector.SyncVectorEnv", _build_gym_sync, _none),

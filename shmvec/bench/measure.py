@@ -24,7 +24,7 @@ __all__ = ["RunResult", "Timing", "make_actions", "measure", "step_for"]
 class Timing:
     """How long to measure: ``repeats`` windows of ``seconds`` each after ``warmup`` seconds."""
 
-    seconds: float = 1.2
+    seconds: float = 1.0
     repeats: int = 3
     warmup: float = 0.2
 
