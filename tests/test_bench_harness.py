@@ -121,7 +121,7 @@ def test_measure_serial_and_shmvec():
         assert len(r.repeats) == 2 and r.steps_per_s == pytest.approx(float(np.median(r.repeats)))
         assert r.vector_steps >= 4 and r.setup_s > 0
         if sys.platform == "linux":
-            assert r.rss_mb > 0 and r.pss_mb > 0
+            assert r.rss_mb > 0 and r.pss_mb > 0 and r.base_pss_mb > 0 and r.added_mb() is not None
     assert measure(ENGINES["shmvec"], spec(4, workers=2), TINY, action_space()).workers == 2
 
 
@@ -284,6 +284,16 @@ def test_markdown_tables():
     assert "| Atari-like 84x84x4 | 128 | 300,000 | 3.00x | 10.0x | 0.50x |" in summary_table(sweep)
     assert "| cost-100us | 32 | 15,000 | failed | - | 1.50x |" in summary_table(sweep)
     assert render_markdown(sweep, heading_level=3).startswith("### shmvec throughput report")
+
+
+def test_memory_column_shows_what_the_engine_added():
+    sweep = fabricated()
+    assert "mem MB (PSS)" in full_table(sweep)  # results without a baseline: absolute totals
+    for r in sweep.results:
+        r.base_rss_mb, r.base_pss_mb = 90.0, 45.0
+    table = full_table(sweep)
+    assert "mem MB added (PSS)" in table
+    assert "| Atari-like 84x84x4 | 128 | gym Sync | 100,000 | ±10% | 0.17x | 3.00x | 5 |  |" in table
 
 
 def test_formatting_helpers():
@@ -471,11 +481,15 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert "| CartPole-v1 | 2 | shmvec (2 workers) |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("module, args", [("shmvec", ["bench", "--list"]), ("shmvec.bench", ["--list"])])
+PLAN = ["--dry-run", "--workloads", "cartpole", "--engines", "classic,serial", "--num-envs", "4"]
+
+
+@pytest.mark.parametrize("module, args", [("shmvec", ["bench", *PLAN]), ("shmvec.bench", PLAN)])
 def test_module_entry_points(module, args):
+    # (a selection that does not touch the optional peers: importing SB3 means importing torch)
     proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert "cartpole" in proc.stdout and "classic" in proc.stdout
+    assert "2 runs (0 skipped)" in proc.stderr and "cartpole N=4 classic Subproc" in proc.stdout
 
 
 def test_factories_pickle():

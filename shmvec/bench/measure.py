@@ -54,6 +54,17 @@ class RunResult:
     setup_s: float | None = None
     rss_mb: float | None = None
     pss_mb: float | None = None
+    base_rss_mb: float | None = None  # the same, measured just before the engine was built
+    base_pss_mb: float | None = None
+
+    def added_mb(self, kind: str = "pss") -> float | None:
+        """Memory the engine added: the tree's total at the end less the total before it was built.
+
+        Independent of what the benchmark process itself has loaded (an optional peer's import
+        of torch, say), which the absolute totals include.
+        """
+        end, base = getattr(self, f"{kind}_mb"), getattr(self, f"base_{kind}_mb")
+        return None if end is None or base is None else end - base
 
     @property
     def ok(self) -> bool:
@@ -138,6 +149,8 @@ def measure(engine: Engine, spec: RunSpec, timing: Timing, single_action_space: 
     try:
         with deadline(timeout):
             actions = make_actions(single_action_space, spec.num_envs, spec.seed)
+            base = tree_memory()
+            result.base_rss_mb, result.base_pss_mb = base.rss_mb, base.pss_mb
             t0 = time.perf_counter()
             stepper = engine.build(spec)
             stepper.reset(spec.seed)

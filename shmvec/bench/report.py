@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 from shmvec.bench.machine import machine_line
-from shmvec.bench.measure import spread
+from shmvec.bench.measure import RunResult, spread
 from shmvec.bench.sweep import SweepResult
 from shmvec.bench.targets import Target, evaluate
 
@@ -131,16 +132,21 @@ def summary_table(sweep: SweepResult) -> str:
     return _table(header, "lrr" + "r" * len(peers), rows)
 
 
-def _mem_column(sweep: SweepResult) -> tuple[str, str]:
+def _mem_column(sweep: SweepResult) -> tuple[Callable[[RunResult], float | None], str]:
+    """How to read each run's memory, and the column's title: the most telling figure all runs have."""
     ok = [r for r in sweep.results if r.ok]
-    if ok and all(r.pss_mb is not None for r in ok):
-        return "pss_mb", "mem MB (PSS)"
-    return "rss_mb", "mem MB (RSS)"
+    if ok and all(r.added_mb("pss") is not None for r in ok):
+        return (lambda r: r.added_mb("pss")), "mem MB added (PSS)"
+    if ok and all(r.added_mb("rss") is not None for r in ok):
+        return (lambda r: r.added_mb("rss")), "mem MB added (RSS)"
+    if ok and all(r.pss_mb is not None for r in ok):  # results written before the baseline existed
+        return (lambda r: r.pss_mb), "mem MB (PSS)"
+    return (lambda r: r.rss_mb), "mem MB (RSS)"
 
 
 def full_table(sweep: SweepResult) -> str:
     """Every (workload, num_envs, engine): steps/s, spread, ratios, memory, and why a cell is empty."""
-    mem_key, mem_label = _mem_column(sweep)
+    mem_of, mem_label = _mem_column(sweep)
     header = ["workload", "num_envs", "engine", "steps/s", "spread", "x serial",
               f"{sweep.engine_label(ENGINE)} speedup", mem_label, "note"]
     rows = []
@@ -159,7 +165,7 @@ def full_table(sweep: SweepResult) -> str:
                     rows.append([sweep.workload_label(w), str(n), label, "-", "", "", "", "", f"{r.status}: {r.reason}"])
                     continue
                 s = spread(r.repeats)
-                mem = getattr(r, mem_key)
+                mem = mem_of(r)
                 rows.append([
                     sweep.workload_label(w), str(n), label, format_rate(r.steps_per_s),
                     "" if s is None else f"±{100 * s:.0f}%",
@@ -184,7 +190,8 @@ def method_text(sweep: SweepResult) -> str:
         f"engines that would start more than {c.get('max_procs')} processes are skipped at that size. "
         "x serial: steps/s over the serial loop's (one process, no vector env) in the same run; "
         "shmvec speedup: shmvec's steps/s over that engine's, same run (> 1: shmvec is faster). "
-        "Memory: the benchmark process and all its children at the end of the run."
+        "Memory added: the PSS of the benchmark process and all its children at the end of the run, "
+        "less the same just before the engine was built (what the engine itself costs)."
     )
 
 
