@@ -47,7 +47,6 @@ automatically when cores are idle. See ``docs/gae.md``.
 from __future__ import annotations
 
 import os
-import types
 from time import perf_counter
 from typing import Any
 

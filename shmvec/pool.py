@@ -25,7 +25,7 @@ import numpy as np
 from shmvec import protocol as P
 from shmvec.errors import ClosedError, StepTimeout, WorkerDied, WorkerError
 from shmvec.layout import Layout
-from shmvec.sync import SpinPolicy, block_until, drain, fence, ring, spin_until
+from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
 from shmvec.worker import PHASES, EnvBlock, map_segment, worker_main
 
 SEGMENT_PREFIX = "shmvec_"

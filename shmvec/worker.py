@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from typing import Any
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
