@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 
-.PHONY: test bench bench-quick bench-micro venv clean
+.PHONY: test bench bench-quick bench-docs bench-micro venv clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,9 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(PY) -m shmvec bench --quick
+
+bench-docs: $(STAMP)
+	$(PY) -m shmvec bench --write-docs
 
 bench-micro: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only
