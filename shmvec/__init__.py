@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from shmvec._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -35,16 +35,4 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shmvec' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports('shmvec', _LAZY, globals())

@@ -16,7 +16,7 @@ pipe-per-env baseline), ``serial`` (the per-core reference), ``measure`` (timing
 
 from __future__ import annotations
 
-from typing import Any
+from shmvec._lazy import lazy_exports
 
 _LAZY = {
     "SweepConfig": "shmvec.bench.sweep",
@@ -41,16 +41,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'shmvec.bench' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports('shmvec.bench', _LAZY, globals())
