@@ -103,8 +103,32 @@ class Region:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+class Regions:
+    """Named, 64-byte aligned arrays packed one after the other into one segment."""
+
+    regions: dict[str, Region]
+    size: int
+
+    def _add(self, name: str, shape: tuple[int, ...], dtype: Any) -> None:
+        region = Region(name, self.size, tuple(shape), np.dtype(dtype))
+        self.regions[name] = region
+        self.size = _align(self.size + max(region.nbytes, 1))
+
+    def views(self, buf: Any) -> dict[str, np.ndarray]:
+        """Numpy views of every region over ``buf`` (a writable buffer of ``self.size`` bytes)."""
+        return {
+            r.name: np.ndarray(r.shape, dtype=r.dtype, buffer=buf, offset=r.offset)
+            for r in self.regions.values()
+        }
+
+    def leaf_views(self, views: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
+        """The per-leaf arrays of ``prefix`` ('obs', 'final_obs' or 'act'), in leaf order."""
+        count = len(self.act_leaves if prefix == "act" else self.obs_leaves)
+        return [views[f"{prefix}/{i}"] for i in range(count)]
+
+
 @dataclass
-class Layout:
+class Layout(Regions):
     """Byte offsets of every array in the segment.
 
     Regions (each ``[num_envs, ...]`` unless noted, each 64-byte aligned):
@@ -159,19 +183,44 @@ class Layout:
         layout._add("episode_count", (n,), np.int64)
         return layout
 
-    def _add(self, name: str, shape: tuple[int, ...], dtype: Any) -> None:
-        region = Region(name, self.size, tuple(shape), np.dtype(dtype))
-        self.regions[name] = region
-        self.size = _align(self.size + max(region.nbytes, 1))
 
-    def views(self, buf: Any) -> dict[str, np.ndarray]:
-        """Numpy views of every region over ``buf`` (a writable buffer of ``self.size`` bytes)."""
-        return {
-            r.name: np.ndarray(r.shape, dtype=r.dtype, buffer=buf, offset=r.offset)
-            for r in self.regions.values()
-        }
+@dataclass
+class RolloutLayout(Regions):
+    """The rollout segment: ``[T, N]`` storage that workers fill step by step, in place.
 
-    def leaf_views(self, views: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
-        """The per-leaf arrays of ``prefix`` ('obs', 'final_obs' or 'act'), in leaf order."""
-        count = len(self.act_leaves if prefix == "act" else self.obs_leaves)
-        return [views[f"{prefix}/{i}"] for i in range(count)]
+    Regions (``T = num_steps``, ``N = num_envs``, each 64-byte aligned):
+
+    - ``obs/<i>``: ``[T + 1, N, ...]``; row ``t`` is the observation action ``t`` is taken on,
+      row ``T`` the observation after the last step (the next rollout's row 0)
+    - ``final_obs/<i>``: ``[T, N, ...]`` (same-step autoreset only): where step ``t`` ended an episode
+    - ``act/<i>``: ``[T, N, ...]``, written by main before step ``t``
+    - ``rewards`` float64, ``terminations`` / ``truncations`` bool: ``[T, N]``, written by step ``t``
+
+    A block stepping row ``t`` reads ``act[t]`` and writes ``rewards[t]``, the flags,
+    ``final_obs[t]`` and ``obs[t + 1]``.
+    """
+
+    num_envs: int
+    num_steps: int
+    obs_leaves: list[Leaf]
+    act_leaves: list[Leaf]
+    with_final_obs: bool
+    regions: dict[str, Region] = field(default_factory=dict)
+    size: int = 0
+
+    @classmethod
+    def build(cls, layout: Layout, num_steps: int) -> RolloutLayout:
+        """The rollout storage for ``num_steps`` steps of the vector env laid out by ``layout``."""
+        out = cls(layout.num_envs, num_steps, layout.obs_leaves, layout.act_leaves, layout.with_final_obs)
+        t, n = num_steps, layout.num_envs
+        for i, leaf in enumerate(out.obs_leaves):
+            out._add(f"obs/{i}", (t + 1, n, *leaf.shape), leaf.dtype)
+        if out.with_final_obs:
+            for i, leaf in enumerate(out.obs_leaves):
+                out._add(f"final_obs/{i}", (t, n, *leaf.shape), leaf.dtype)
+        for i, leaf in enumerate(out.act_leaves):
+            out._add(f"act/{i}", (t, n, *leaf.shape), leaf.dtype)
+        out._add("rewards", (t, n), np.float64)
+        out._add("terminations", (t, n), np.bool_)
+        out._add("truncations", (t, n), np.bool_)
+        return out

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import secrets
 import select
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing import shared_memory
 from multiprocessing.connection import wait as mp_wait
 from typing import Any
 
@@ -24,11 +22,10 @@ import numpy as np
 
 from shmvec import protocol as P
 from shmvec.errors import ClosedError, StepTimeout, WorkerDied, WorkerError
-from shmvec.layout import Layout
+from shmvec import segment
+from shmvec.layout import Layout, RolloutLayout
 from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
-from shmvec.worker import PHASES, EnvBlock, map_segment, worker_main
-
-SEGMENT_PREFIX = "shmvec_"
+from shmvec.worker import PHASES, EnvBlock, worker_main
 
 
 def usable_cores() -> int:
@@ -97,6 +94,8 @@ class WorkerPool:
         self.main_block: EnvBlock | None = None
         self._seg_fd: int | None = None
         self.views: dict[str, np.ndarray] = {}
+        # The rollout segment, once attach_rollout made one: (layout, fd, mapping).
+        self.rollout: tuple[RolloutLayout, int, Any] | None = None
 
         # Spinning pays only for a waiter with a core of its own. Workers wait for GO while
         # main is between steps; main waits for DONE while the workers run.
@@ -203,18 +202,7 @@ class WorkerPool:
 
         self.layout = Layout.build(obs_space, act_space, self.num_envs, len(self.lanes),
                                    with_final_obs=self.autoreset_mode == "SameStep")
-        name = f"{SEGMENT_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
-        # SharedMemory creates the segment owner-only (0600). We keep a file descriptor of it
-        # and drop the name at once: workers receive the descriptor over their pipe (SCM_RIGHTS),
-        # so from here on nothing is left in /dev/shm whatever happens to any process, SIGKILL
-        # included; the memory lives while a mapping or the descriptor does.
-        shm = shared_memory.SharedMemory(name=name, create=True, size=self.layout.size)
-        try:
-            self._seg_fd = os.dup(shm._fd)
-        finally:
-            shm.close()
-            shm.unlink()
-        self._mmap = map_segment(os.dup(self._seg_fd), self.layout.size)
+        self._seg_fd, self._mmap = segment.create(self.layout.size)
         self.views = self.layout.views(self._mmap)
         self.ctrl = self.views["ctrl"]
         self.main_line = self.ctrl[len(self.lanes)]
@@ -236,8 +224,11 @@ class WorkerPool:
             raise ValueError(f"env {start} has action_space {a}, but env 0 has {act_space}")
 
     def _main_block(self, envs: list) -> EnvBlock:
-        return EnvBlock(envs, self.lanes[-1].start, len(self.lanes) - 1, self.layout, self.views,
-                        self.autoreset_mode, self.observation_space, self.action_space)
+        block = EnvBlock(envs, self.lanes[-1].start, len(self.lanes) - 1, self.layout, self.views,
+                         self.autoreset_mode, self.observation_space, self.action_space)
+        if self.rollout is not None:
+            block.attach_rollout((self.rollout[0], self.rollout[2]))
+        return block
 
     def _attach(self, w: int) -> None:
         from multiprocessing.reduction import send_handle
@@ -279,6 +270,32 @@ class WorkerPool:
         self._check_spaces(self.lanes[w].start, o, a, self.observation_space, self.action_space)
         self._attach(w)
         self._recv_ready(w, deadline)
+        if self.rollout is not None:
+            _, failures = self._attach_rollout([w])
+            self.raise_first(failures)
+
+    def attach_rollout(self, num_steps: int) -> dict[str, np.ndarray]:
+        """Create the rollout segment for ``num_steps`` steps, hand it to every lane, return its views.
+
+        A previous rollout segment is dropped (views of it stay valid while they live). Raises
+        what the round raised if a lane fails to map it (the pool is then broken).
+        """
+        layout = RolloutLayout.build(self.layout, num_steps)
+        fd, mm = segment.create(layout.size)
+        old, self.rollout = self.rollout, (layout, fd, mm)
+        if old is not None:
+            os.close(old[1])
+        _, failures = self._attach_rollout(list(range(len(self.lanes))))
+        if failures:
+            self.broken = True
+            self.raise_first(failures)
+        return layout.views(mm)
+
+    def _attach_rollout(self, lanes: list[int]) -> tuple[list, dict[int, Exception]]:
+        layout, fd, mm = self.rollout
+        payloads: list[Any] = [layout] * len(self.lanes)
+        payloads[-1] = layout if self.main_block is None else (layout, mm)
+        return self.run(P.ROLLOUT_ATTACH, payloads, lanes=lanes, fd=fd)
 
     def _recv(self, w: int, deadline: float | None, phase: str) -> Any:
         """Receive one message from worker ``w``, watching its liveness and the deadline."""
@@ -303,14 +320,17 @@ class WorkerPool:
     # A round is submit (signal the lanes), then wait (for all, or for some in async mode),
     # then collect (statuses and the rare pickled replies). Sync `run` is the three in a row.
 
-    def submit(self, cmd: int, procs: list[int], payloads: list | None = None) -> None:
-        """Start ``cmd`` on the worker lanes ``procs`` (indices of worker processes)."""
+    def submit(self, cmd: int, procs: list[int], payloads: list | None = None, arg: int = 0,
+               fd: int | None = None) -> None:
+        """Start ``cmd`` (with argument ``arg``) on the worker lanes ``procs`` (indices of worker
+        processes); ``fd`` is a descriptor that follows each payload on the pipe."""
         if self.closed or self.broken:
             raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
         seq = self.seq = self.seq + 1
         ctrl, target = self.ctrl, self._target
         for w in procs:
             ctrl[w, P.CMD] = cmd
+            ctrl[w, P.ARG] = arg
             ctrl[w, P.PAYLOAD] = 1 if payloads is not None and payloads[w] is not None else 0
             target[w] = seq
             self._cmd[w] = cmd
@@ -328,6 +348,10 @@ class WorkerPool:
             for w in procs:
                 if payloads[w] is not None:
                     self.conns[w].send(payloads[w])
+                    if fd is not None:
+                        from multiprocessing.reduction import send_handle
+
+                        send_handle(self.conns[w], fd, self.procs[w].pid)
 
     def finished(self, procs: list[int]) -> list[int]:
         """The lanes among ``procs`` whose last submitted command has finished."""
@@ -428,10 +452,10 @@ class WorkerPool:
                 failures[w] = WorkerError(msg)
         return replies, failures
 
-    def run_main(self, cmd: int, payload: Any) -> tuple[Any, Exception | None]:
+    def run_main(self, cmd: int, payload: Any, arg: int = 0) -> tuple[Any, Exception | None]:
         """Run ``cmd`` on the block the main process steps itself."""
         try:
-            return self.main_block.run(cmd, payload), None
+            return self.main_block.run(cmd, payload, arg), None
         except (KeyboardInterrupt, SystemExit):
             self.broken = True
             raise
@@ -440,7 +464,8 @@ class WorkerPool:
             return None, WorkerError(P.error_report(exc, main, self.main_block.current, PHASES.get(cmd, str(cmd))))
 
     def run(self, cmd: int, payloads: list | None = None, timeout: float | None = -1.0,
-            lanes: list[int] | None = None) -> tuple[list, dict[int, Exception]]:
+            lanes: list[int] | None = None, arg: int = 0, fd: int | None = None
+            ) -> tuple[list, dict[int, Exception]]:
         """Run ``cmd`` on every lane (or on ``lanes``) and wait; return ``(replies, failures)``.
 
         ``payloads`` holds one picklable payload per lane (or ``None``). ``replies`` has one
@@ -455,12 +480,12 @@ class WorkerPool:
         replies: list[Any] = [None] * len(self.lanes)
         failures: dict[int, Exception] = {}
         if procs:
-            self.submit(cmd, procs, payloads)
+            self.submit(cmd, procs, payloads, arg, fd)
         elif self.closed or self.broken:
             raise ClosedError("this vector env is closed")
         main = len(self.lanes) - 1
         if self.main_block is not None and (lanes is None or main in lanes):
-            replies[main], exc = self.run_main(cmd, None if payloads is None else payloads[main])
+            replies[main], exc = self.run_main(cmd, None if payloads is None else payloads[main], arg)
             if exc is not None:
                 failures[main] = exc
         if procs:
@@ -523,6 +548,9 @@ class WorkerPool:
         if self._seg_fd is not None:
             os.close(self._seg_fd)
             self._seg_fd = None
+        if self.rollout is not None:
+            os.close(self.rollout[1])
+            self.rollout = None
         # Our mapping is freed when the last view of it is gone (views handed out with
         # copy=False may outlive the env; they stay valid, the name is already unlinked).
         self.main_block = None

@@ -3,10 +3,11 @@
 Each worker owns one 64-byte control line (8 int64 words) in the shared segment; the main
 process owns the line after the last worker. One command round is:
 
-1. main writes ``CMD`` (and ``PAYLOAD`` = 1 when a pickled payload follows on the worker's
+1. main writes ``CMD``, ``ARG`` (and ``PAYLOAD`` = 1 when a pickled payload follows on the worker's
    pipe), then bumps ``GO``; if the worker's ``SLEEPING`` word is set, main writes one wake
    byte to the worker's wake pipe.
-2. the worker sees ``GO`` change (spinning, or woken), reads the payload if any, executes.
+2. the worker sees ``GO`` change (spinning, or woken), reads ``CMD``, ``ARG`` and the
+   payload if any, executes.
 3. the worker writes its results into the shared arrays, then ``STATUS``, then sets ``DONE``
    to the value of ``GO``; if main's ``SLEEPING`` word is set, it writes one byte to the
    shared done pipe. When ``STATUS`` is not ``OK`` a pickled reply follows on its pipe.
@@ -26,6 +27,7 @@ PAYLOAD = 2  # 1 when a pickled payload follows on the worker's pipe
 DONE = 3  # sequence number of the last finished command, written by the worker
 STATUS = 4  # result of the last command, written by the worker
 SLEEPING = 5  # 1 while the owner of this line blocks in the kernel
+ARG = 6  # the command's argument (ROLLOUT_STEP: the row), written by main
 
 # Commands.
 STEP = 1
@@ -33,6 +35,8 @@ RESET = 2
 CALL = 3  # payload: (name, args, kwargs); reply: one result per env
 SET_ATTR = 4  # payload: (name, values for the worker's envs)
 CLOSE = 5
+ROLLOUT_ATTACH = 6  # payload: a RolloutLayout, then the rollout segment's fd on the pipe
+ROLLOUT_STEP = 7  # STEP reading and writing row ARG of the rollout segment
 
 # Statuses.
 OK = 0  # nothing follows

@@ -13,11 +13,13 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec import protocol as P
-from shmvec.actions import check_actions
+from shmvec.actions import action_checker
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
 from shmvec.layout import Leaf, assemble, flatten
 from shmvec.pool import WorkerPool, usable_cores
+from shmvec.storage import RolloutStorage, split_policy_output
+from shmvec.worker import Targets
 
 __all__ = ["ShmVecEnv", "make"]
 
@@ -142,6 +144,7 @@ class ShmVecEnv(VectorEnv):
 
         layout, views = pool.layout, pool.views
         self._act_leaves: list[Leaf] = layout.act_leaves
+        self._act_checks = [action_checker(leaf) for leaf in layout.act_leaves]
         self._act_views = layout.leaf_views(views, "act")
         self._obs_views = layout.leaf_views(views, "obs")
         self._obs_leaves = layout.obs_leaves
@@ -158,6 +161,11 @@ class ShmVecEnv(VectorEnv):
         self._rewards_ro, self._terms_ro, self._truncs_ro = readonly[k:]
         self._rewards, self._terms, self._truncs = views["rewards"], views["terminations"], views["truncations"]
         self._autoreset = views["autoreset"]
+        # Where a synchronous step's results land (a rollout's rows are other Targets).
+        self._home = Targets(self._obs_views, self._final_views, self._act_views, self._rewards, self._terms,
+                             self._truncs)
+        self._current_obs = self._obs_views  # the leaves holding every env's latest observation
+        self._storage: RolloutStorage | None = None
         self._stats = {name: views[name] for name in ("last_return", "last_length", "episode_count")}
         self._needs_reset = True
         lanes = len(pool.lanes)
@@ -218,6 +226,7 @@ class ShmVecEnv(VectorEnv):
         self._drain()
         replies = self._run(P.RESET, payloads)
         self._needs_reset = False
+        self._current_obs = self._obs_views
         self._idle = [True] * len(self._idle)
         if self.check_finite:
             self._check_finite(rewards=False)
@@ -251,6 +260,7 @@ class ShmVecEnv(VectorEnv):
             )
         self._write_actions(actions)
         self._restarted = None
+        self._current_obs = self._obs_views
         replies = self._run(P.STEP)
         infos = self._merge_infos(replies, same_step=self.autoreset_mode is AutoresetMode.SAME_STEP)
         if self.check_finite:
@@ -355,7 +365,7 @@ class ShmVecEnv(VectorEnv):
         if failures:
             if self.on_error == "restart" and all(pool._cmd[w] == P.STEP for w in failures):
                 try:
-                    self._restart(failures)
+                    self._restart(failures, self._home)
                 except BaseException:
                     self.close()
                     raise
@@ -431,6 +441,116 @@ class ShmVecEnv(VectorEnv):
             self._in_flight[w] = False
             self._idle[w] = True
 
+    # -- rollouts written in place --------------------------------------------------------
+    def rollout(self, policy: Callable[[Any], Any], num_steps: int) -> dict[str, Any]:
+        """Step every env ``num_steps`` times with ``policy``; the workers write each step in place.
+
+        ``policy(obs)`` gets the ``[N, ...]`` observations of one step (read-only views) and
+        returns the actions, or ``(actions, extras)`` with ``extras`` a dict of ``[N, ...]``
+        arrays to keep per step (log-probabilities, values: anything ``numpy.asarray`` takes,
+        e.g. a detached CPU torch tensor). The workers write observations, rewards and flags
+        straight into ``[T, N]`` storage in shared memory; the calling process only runs the
+        policy. The rollout continues where the last ``step``, ``reset`` or ``rollout`` left
+        off (episodes span calls) and is identical, bit for bit, to the same ``step`` loop.
+
+        >>> import numpy as np, shmvec
+        >>> envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2)
+        >>> _ = envs.reset(seed=0)
+        >>> def policy(obs):
+        ...     return (obs[:, 2] > 0).astype(np.int64), {"value": obs[:, 0] * 0.5}
+        >>> batch = envs.rollout(policy, num_steps=32)
+        >>> batch["obs"].shape, batch["actions"].shape, batch["rewards"].shape, batch["value"].shape
+        ((32, 4, 4), (32, 4), (32, 4), (32, 4))
+        >>> advantages, returns = shmvec.gae(batch["rewards"], batch["value"].astype(np.float32),
+        ...     batch["terminations"], batch["truncations"], policy(batch["next_obs"])[1]["value"],
+        ...     autoreset="next_step", valid=batch["valid"])
+        >>> envs.close()
+
+        Parameters
+        ----------
+        policy : callable
+            ``obs -> actions`` or ``obs -> (actions, extras)``. With a Tuple action space, return
+            ``(actions, extras)`` with ``actions`` a tuple to pass extras.
+        num_steps : int
+            Rows ``T`` of the rollout. The storage is allocated on the first call and reused
+            while ``num_steps`` stays the same.
+
+        Returns
+        -------
+        dict
+            ``obs`` ``[T, N, ...]`` (what each action was taken on), ``actions``, ``rewards``,
+            ``terminations``, ``truncations`` ``[T, N]``, ``next_obs`` ``[N, ...]`` (the
+            observation after the last step: ``last_values`` comes from it), each extra
+            ``[T, N, ...]``, and ``infos``: one Gymnasium info dict per step. Under NEXT_STEP,
+            ``valid`` ``[T, N]``: False on the reset step that follows an episode end (its action
+            was ignored), the mask ``shmvec.gae(..., autoreset="next_step", valid=...)`` takes; a
+            truncated episode's final observation is the next row's ``obs`` (or ``next_obs``).
+            Under SAME_STEP, ``final_obs`` ``[T, N, ...]``: the final observation where step
+            ``t`` ended an episode (undefined elsewhere).
+
+            The arrays are views of storage that the next ``rollout`` overwrites: copy what you
+            keep longer. They are writable (for in-place reward scaling, say); ``obs`` rows are
+            read-only only as the policy sees them.
+
+        Raises
+        ------
+        ValueError
+            For ``batch_size < num_envs`` or autoreset mode DISABLED, a bad ``num_steps``, or
+            actions or extras of the wrong shape (the envs stay usable: a later call continues
+            from the last step that ran).
+        """
+        self._check_rollout(policy, num_steps)
+        storage = self._storage
+        if storage is None or storage.num_steps != num_steps:
+            try:
+                views = self._pool.attach_rollout(num_steps)
+            except BaseException:
+                self.close()
+                raise
+            storage = self._storage = RolloutStorage(
+                self._pool.rollout[0], views, self.single_observation_space, self.single_action_space,
+                next_step=self.autoreset_mode is AutoresetMode.NEXT_STEP)
+        storage.start(self._current_obs, self._autoreset)
+        act_space, check_finite = self.single_action_space, self.check_finite
+        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
+        restarted: list[tuple[int, list[int]]] = []
+        done = 0
+        try:
+            for t in range(num_steps):
+                actions, extras = split_policy_output(policy(storage.policy_obs[t]), act_space)
+                out = storage.rows[t]
+                self._write_actions(actions, views=out.act)
+                storage.record_extras(t, extras)
+                self._restarted = None
+                replies = self._run(P.ROLLOUT_STEP, arg=t, out=out)
+                done = t + 1
+                if self._restarted:
+                    restarted.append((t, self._restarted))
+                if self._restarted or any(replies):
+                    storage.infos[t] = self._merge_infos(replies, same_step, out=out)
+                if check_finite:
+                    self._check_finite(rewards=True, out=out)
+        finally:
+            self._current_obs = [o[done] for o in storage.obs]
+        storage.finish(restarted)
+        return storage.batch()
+
+    def _check_rollout(self, policy: Any, num_steps: Any) -> None:
+        if self._needs_reset:
+            if self.closed:
+                raise ClosedError("rollout() on a closed ShmVecEnv")
+            raise ResetNeeded("ShmVecEnv.rollout() was called before reset(); call reset() first")
+        if self.batch_size != self.num_envs:
+            raise ValueError(f"rollout() steps every env together; this ShmVecEnv collects asynchronously "
+                             f"(batch_size={self.batch_size} < num_envs={self.num_envs}): use shmvec.AsyncRollout")
+        if self.autoreset_mode is AutoresetMode.DISABLED:
+            raise ValueError("rollout() needs autoreset_mode NEXT_STEP or SAME_STEP: under DISABLED an env "
+                             "that ends its episode mid-rollout could not go on")
+        if not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1:
+            raise ValueError(f"rollout(num_steps=...) must be a positive int, got {num_steps!r}")
+        if not callable(policy):
+            raise TypeError(f"rollout(policy=...) must be callable (obs -> actions), got {type(policy).__name__}")
+
     def __enter__(self) -> ShmVecEnv:
         return self
 
@@ -454,16 +574,18 @@ class ShmVecEnv(VectorEnv):
         return self._stats["episode_count"].copy()
 
     # -- internals ------------------------------------------------------------------------
-    def _run(self, cmd: int, payloads: list | None = None, closes_on_error: bool = True) -> list:
-        """One command round; apply ``on_error`` to the lanes that failed."""
+    def _run(self, cmd: int, payloads: list | None = None, closes_on_error: bool = True, arg: int = 0,
+             out: Targets | None = None) -> list:
+        """One command round; apply ``on_error`` to the lanes that failed (a step's results go to
+        ``out``, by default the regular regions)."""
         if self.closed:
             raise ClosedError("this ShmVecEnv is closed; create a new one")
         try:
-            replies, failures = self._pool.run(cmd, payloads)
+            replies, failures = self._pool.run(cmd, payloads, arg=arg)
             if not failures:
                 return replies
-            if cmd == P.STEP and self.on_error == "restart":
-                self._restart(failures)
+            if cmd in (P.STEP, P.ROLLOUT_STEP) and self.on_error == "restart":
+                self._restart(failures, self._home if out is None else out)
                 return replies
             self._pool.raise_first(failures)
         except WorkerError:
@@ -476,8 +598,8 @@ class ShmVecEnv(VectorEnv):
             raise
         raise AssertionError("unreachable")
 
-    def _restart(self, failures: dict[int, Exception]) -> None:
-        """Give the failed lanes new envs, reset them, and mark them in this step's results."""
+    def _restart(self, failures: dict[int, Exception], out: Targets) -> None:
+        """Give the failed lanes new envs, reset them, and mark them in this step's results ``out``."""
         pool, lanes = self._pool, sorted(failures)
         for w in lanes:
             pool.restart_lane(w)
@@ -485,16 +607,20 @@ class ShmVecEnv(VectorEnv):
         _, again = pool.run(P.RESET, payloads, lanes=lanes)
         pool.raise_first(again)
         for w in lanes:
-            lane = pool.lanes[w]
-            self._rewards[lane.start:lane.stop] = 0.0
-            self._terms[lane.start:lane.stop] = False
-            self._truncs[lane.start:lane.stop] = True
-            self.restarts.append((w, lane, failures[w]))
+            sl = slice(pool.lanes[w].start, pool.lanes[w].stop)
+            if out is not self._home:  # the reset wrote the regular regions
+                for dst, src in zip(out.obs, self._obs_views):
+                    dst[sl] = src[sl]
+            out.rewards[sl] = 0.0
+            out.terminations[sl] = False
+            out.truncations[sl] = True
+            self.restarts.append((w, pool.lanes[w], failures[w]))
         self._restarted = [i for w in lanes for i in pool.lanes[w]]
 
-    def _check_finite(self, rewards: bool, index: slice | np.ndarray = slice(None)) -> None:
-        arrays = [("rewards", self._rewards)] if rewards else []
-        arrays += [(f"observation{leaf.field}", view) for leaf, view in zip(self._obs_leaves, self._obs_views)
+    def _check_finite(self, rewards: bool, index: slice | np.ndarray = slice(None), out: Targets | None = None) -> None:
+        out = self._home if out is None else out
+        arrays = [("rewards", out.rewards)] if rewards else []
+        arrays += [(f"observation{leaf.field}", view) for leaf, view in zip(self._obs_leaves, out.obs)
                    if view.dtype.kind == "f"]
         envs = np.arange(self.num_envs)[index]
         for name, arr in arrays:
@@ -503,21 +629,24 @@ class ShmVecEnv(VectorEnv):
                 env = int(envs[np.argwhere(~finite)[0][0]])
                 raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}")
 
-    def _merge_infos(self, replies: list, same_step: bool, ids: range | np.ndarray | None = None) -> dict[str, Any]:
+    def _merge_infos(self, replies: list, same_step: bool, ids: range | np.ndarray | None = None,
+                     out: Targets | None = None) -> dict[str, Any]:
         """Gymnasium's dict-of-arrays infos, built in env order exactly as SyncVectorEnv does.
 
         ``ids``: the envs of the batch (all envs when ``None``); info arrays are indexed by
-        position in the batch.
+        position in the batch. ``out``: where the step wrote its flags and final observations.
         """
+        out = self._home if out is None else out
+        terms, truncs = out.terminations, out.truncations
         reports = {env: (final_info, info) for lane in replies if lane for env, final_info, info in lane}
         restarted = self._restarted or ()
         if ids is None:
             size, pos = self.num_envs, None
-            ended = np.flatnonzero(self._terms | self._truncs).tolist() if same_step else []
+            ended = np.flatnonzero(terms | truncs).tolist() if same_step else []
         else:
             size = len(ids)
             pos = {int(i): k for k, i in enumerate(ids)}
-            ended = [int(ids[k]) for k in np.flatnonzero(self._terms[ids] | self._truncs[ids])] if same_step else []
+            ended = [int(ids[k]) for k in np.flatnonzero(terms[ids] | truncs[ids])] if same_step else []
         ended = [i for i in ended if i not in restarted]  # a restarted env has no final obs to give
         infos: dict[str, Any] = {}
         if reports or ended or restarted:
@@ -525,7 +654,7 @@ class ShmVecEnv(VectorEnv):
                 k = i if pos is None else pos[i]
                 final_info, info = reports.get(i, (None, None))
                 if i in ended:
-                    final_obs = assemble(self.single_observation_space, [v[i].copy() for v in self._final_views])
+                    final_obs = assemble(self.single_observation_space, [v[i].copy() for v in out.final_obs])
                     add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, k, size)
                 if info:
                     add_info(infos, info, k, size)
@@ -540,8 +669,9 @@ class ShmVecEnv(VectorEnv):
             return self._obs_views[0].copy()
         return assemble(self.single_observation_space, [v.copy() for v in self._obs_views])
 
-    def _write_actions(self, actions: Any, ids: np.ndarray | None = None) -> None:
-        """Check ``actions`` (for all envs, or for ``ids``) and write them into shared memory."""
+    def _write_actions(self, actions: Any, ids: np.ndarray | None = None, views: list | None = None) -> None:
+        """Check ``actions`` (for all envs, or for ``ids``) and write them into shared memory
+        (the regular regions, or the per-leaf ``views`` of a rollout row)."""
         n = self.num_envs if ids is None else len(ids)
         if len(self._act_leaves) == 1 and not self._act_leaves[0].path:
             parts = [actions]
@@ -553,7 +683,7 @@ class ShmVecEnv(VectorEnv):
                     f"actions do not match action_space {self.action_space}: {type(exc).__name__}: {exc}"
                 ) from None
         checked = []
-        for leaf, part in zip(self._act_leaves, parts):
+        for leaf, check, part in zip(self._act_leaves, self._act_checks, parts):
             a = np.asarray(part)
             if a.shape != (n, *leaf.shape):
                 raise ValueError(
@@ -561,13 +691,13 @@ class ShmVecEnv(VectorEnv):
                     f"({n} envs, single_action_space{leaf.field}={leaf.space})"
                 )
             if self.validate_actions:
-                check_actions(leaf, a)
+                check(a)
             checked.append(a)
         # Written only once every leaf passed: a refused action leaves nothing half-written.
         target = slice(None) if ids is None else slice(int(ids[0]), int(ids[-1]) + 1)
         if ids is not None and target.stop - target.start != len(ids):
             target = ids
-        for view, a in zip(self._act_views, checked):
+        for view, a in zip(self._act_views if views is None else views, checked):
             if isinstance(target, slice):
                 np.copyto(view[target], a, casting="unsafe")
             else:

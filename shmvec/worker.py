@@ -21,6 +21,17 @@ class EnvObsError(ValueError):
     """An env returned something that does not fit its declared space."""
 
 
+class Targets:
+    """Where one step of a block reads its actions and writes its results (views of its slice)."""
+
+    __slots__ = ("obs", "final_obs", "act", "rewards", "terminations", "truncations")
+
+    def __init__(self, obs: list, final_obs: list, act: list, rewards: Any, terminations: Any,
+                 truncations: Any) -> None:
+        self.obs, self.final_obs, self.act = obs, final_obs, act
+        self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
+
+
 class EnvBlock:
     """The envs ``[start, start + len(envs))`` of a vector env, stepping into shared views."""
 
@@ -35,17 +46,13 @@ class EnvBlock:
         self.mode = autoreset_mode  # "NextStep" | "SameStep" | "Disabled"
         self.observation_space = observation_space
         self.action_space = action_space
-        sl = slice(self.start, self.stop)
-        self.obs = [v[sl] for v in layout.leaf_views(views, "obs")]
-        self.final_obs = [v[sl] for v in layout.leaf_views(views, "final_obs")] if layout.with_final_obs else []
-        self.act = [v[sl] for v in layout.leaf_views(views, "act")]
+        self.home = self._targets(layout, views, None)  # the regions step and reset use
+        self.rows: list[Targets] = []  # one per row of the rollout segment, once attached
         self.obs_leaves = layout.obs_leaves
         self.flat_obs = len(self.obs_leaves) == 1 and not self.obs_leaves[0].path
         self.flat_act = len(layout.act_leaves) == 1 and not layout.act_leaves[0].path
         self.act_scalar = [leaf.shape == () for leaf in layout.act_leaves]
-        self.rewards = views["rewards"][sl]
-        self.terminations = views["terminations"][sl]
-        self.truncations = views["truncations"][sl]
+        sl = slice(self.start, self.stop)
         self.autoreset = views["autoreset"][sl]
         self.last_return = views["last_return"][sl]
         self.last_length = views["last_length"][sl]
@@ -59,6 +66,27 @@ class EnvBlock:
         self.run_return = [0.0] * len(envs)
         self.run_length = [0] * len(envs)
         self._np = np
+
+    def _targets(self, layout, views: dict, row: int | None) -> Targets:
+        """Views of this block's slice: the regular regions (``row=None``) or rollout row ``row``,
+        whose step writes its observation into row ``row + 1``."""
+        sl = slice(self.start, self.stop)
+        if row is None:
+            def at(v, shift=0):
+                return v[sl]
+        else:
+            def at(v, shift=0):
+                return v[row + shift, sl]
+        final = [at(v) for v in layout.leaf_views(views, "final_obs")] if layout.with_final_obs else []
+        return Targets([at(v, 1) for v in layout.leaf_views(views, "obs")], final,
+                       [at(v) for v in layout.leaf_views(views, "act")],
+                       at(views["rewards"]), at(views["terminations"]), at(views["truncations"]))
+
+    def attach_rollout(self, payload: tuple) -> None:
+        """Step into the rollout segment ``(layout, buffer)`` from now on, one row per step."""
+        layout, buf = payload
+        views = layout.views(buf)
+        self.rows = [self._targets(layout, views, t) for t in range(layout.num_steps)]
 
     # -- writing results -------------------------------------------------------------------
     def _write_obs(self, targets: list, j: int, obs: Any) -> None:
@@ -100,18 +128,19 @@ class EnvBlock:
                 f"shape {leaf.shape}, dtype {leaf.dtype}: {exc}"
             ) from None
 
-    def _action(self, j: int) -> Any:
+    def _action(self, act: list, j: int) -> Any:
         if self.flat_act:
-            a = self.act[0][j]
+            a = act[0][j]
             return a if self.act_scalar[0] else a.copy()
         from shmvec.layout import assemble
 
-        parts = [a[j] if scalar else a[j].copy() for a, scalar in zip(self.act, self.act_scalar)]
+        parts = [a[j] if scalar else a[j].copy() for a, scalar in zip(act, self.act_scalar)]
         return assemble(self.action_space, parts)
 
     # -- commands --------------------------------------------------------------------------
-    def step(self) -> list | None:
-        """Step every env; return ``[(env_index, final_info, info), ...]`` for the envs that
+    def step(self, out: Targets | None = None) -> list | None:
+        """Step every env, reading actions from and writing results to ``out`` (default: the
+        regular regions); return ``[(env_index, final_info, info), ...]`` for the envs that
         have something to report (``None`` if none), where ``final_info`` is the step info of an
         episode that ended under same-step autoreset (``None`` when not that case)."""
         envs, autoreset = self.envs, self.pending_reset
@@ -120,9 +149,10 @@ class EnvBlock:
         same_step = self.mode == "SameStep"
         # The common case (one Box/Discrete leaf each way) runs inline: per-env Python
         # overhead is what separates a block from a bare loop over the same envs.
+        out = self.home if out is None else out
         fast = self.flat_obs and self.flat_act
         if fast:
-            obs0, act0, scalar = self.obs[0], self.act[0], self.act_scalar[0]
+            obs0, act0, scalar = out.obs[0], out.act[0], self.act_scalar[0]
             shape, dtype, ndarray = self.obs_leaves[0].shape, self.obs_leaves[0].dtype, self._np.ndarray
         n = len(envs)
         rews = [0.0] * n
@@ -145,7 +175,7 @@ class EnvBlock:
                     if fast:
                         a = act0[j] if scalar else act0[j].copy()
                     else:
-                        a = self._action(j)
+                        a = self._action(out.act, j)
                     o, r, te, tr, info = env.step(a)
                     rews[j] = r
                     run_return[j] += float(r)
@@ -157,13 +187,13 @@ class EnvBlock:
                             ended = []
                         ended.append(j)
                         if same_step:
-                            self._write_obs(self.final_obs, j, o)
+                            self._write_obs(out.final_obs, j, o)
                             final_info = info
                             o, info = env.reset()
                 if fast and type(o) is ndarray and o.dtype == dtype and o.shape == shape:
                     obs0[j] = o
                 else:
-                    self._write_obs(self.obs, j, o)
+                    self._write_obs(out.obs, j, o)
                 if info or final_info is not None:
                     if reports is None:
                         reports = []
@@ -171,9 +201,9 @@ class EnvBlock:
         except BaseException:
             self.current = self.start + j  # for the error report; free on the hot path
             raise
-        self.rewards[:] = rews
-        self.terminations[:] = terms
-        self.truncations[:] = truncs
+        out.rewards[:] = rews
+        out.terminations[:] = terms
+        out.truncations[:] = truncs
         self._count_episodes(ended, resets)
         return reports
 
@@ -212,13 +242,13 @@ class EnvBlock:
             if options is not None:
                 kwargs["options"] = options
             o, info = env.reset(**kwargs)
-            self._write_obs(self.obs, j, o)
+            self._write_obs(self.home.obs, j, o)
             if info:
                 if reports is None:
                     reports = []
                 reports.append((self.start + j, None, info))
-            self.terminations[j] = False
-            self.truncations[j] = False
+            self.home.terminations[j] = False
+            self.home.truncations[j] = False
             self.autoreset[j] = False
             self.pending_reset[j] = False
             self.run_return[j] = 0.0
@@ -250,12 +280,14 @@ class EnvBlock:
             env.close()
         self.current = None
 
-    def run(self, cmd: int, payload: Any) -> Any:
+    def run(self, cmd: int, payload: Any, arg: int = 0) -> Any:
         """Execute one protocol command; return the reply (``None`` when there is none)."""
         from shmvec import protocol as P
 
         if cmd == P.STEP:
             return self.step()
+        if cmd == P.ROLLOUT_STEP:
+            return self.step(self.rows[arg])
         if cmd == P.RESET:
             return self.reset(payload)
         if cmd == P.CALL:
@@ -264,25 +296,12 @@ class EnvBlock:
             return self.set_attr(payload)
         if cmd == P.CLOSE:
             return self.close()
+        if cmd == P.ROLLOUT_ATTACH:
+            return self.attach_rollout(payload)
         raise ValueError(f"unknown command {cmd}")
 
 
-PHASES = {1: "step", 2: "reset", 3: "call", 4: "set_attr", 5: "close"}
-
-
-def map_segment(fd: int, size: int):
-    """Map the segment whose file descriptor main passed over the pipe, then close the fd.
-
-    Workers never open the segment by name: they could not register it with the resource
-    tracker safely (before Python 3.13 a child's registration unlinks the segment when that
-    child exits), and by the time they map it the name is already gone.
-    """
-    import mmap
-
-    try:
-        return mmap.mmap(fd, size)
-    finally:
-        os.close(fd)
+PHASES = {1: "step", 2: "reset", 3: "call", 4: "set_attr", 5: "close", 6: "rollout attach", 7: "rollout step"}
 
 
 def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
@@ -329,7 +348,9 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         _, layout, autoreset_mode, spin = msg
         from multiprocessing.reduction import recv_handle
 
-        mm = map_segment(recv_handle(conn), layout.size)
+        from shmvec.segment import map_fd
+
+        mm = map_fd(recv_handle(conn), layout.size)
         views = layout.views(mm)
         block = EnvBlock(envs, start, index, layout, views, autoreset_mode, env0.observation_space,
                          env0.action_space)
@@ -347,7 +368,10 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
 
 def _serve(block: EnvBlock, ctrl, index: int, conn, wake_r: int, done_w: int, spin: dict,
            parent_sentinel: int | None) -> None:
+    from multiprocessing.reduction import recv_handle
+
     from shmvec import protocol as P
+    from shmvec.segment import map_fd
     from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
 
     mine = ctrl[index]
@@ -377,9 +401,12 @@ def _serve(block: EnvBlock, ctrl, index: int, conn, wake_r: int, done_w: int, sp
         fence()
         seq = int(mine[P.GO])
         cmd = int(mine[P.CMD])
+        arg = int(mine[P.ARG])
         payload = conn.recv() if mine[P.PAYLOAD] else None
         try:
-            reply = block.run(cmd, payload)
+            if cmd == P.ROLLOUT_ATTACH:  # the segment's descriptor follows the payload
+                payload = (payload, map_fd(recv_handle(conn), payload.size))
+            reply = block.run(cmd, payload, arg)
             status = P.OK if reply is None else P.REPLY
         except BaseException as exc:
             reply = P.error_report(exc, index, block.current, PHASES.get(cmd, str(cmd)))

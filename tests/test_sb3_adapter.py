@@ -386,9 +386,11 @@ def test_env_is_wrapped(info_venv):
 
 def test_render_and_get_images(info_venv):
     info_venv.reset()
-    info_venv.step(np.zeros(4, dtype=np.int64))
+    _, _, dones, _ = info_venv.step(np.zeros(4, dtype=np.int64))
     images = info_venv.get_images()
-    assert len(images) == 4 and all(img.shape == (4, 6, 3) and (img == 1).all() for img in images)
+    # One step in: t is 1, or 0 where the episode ended and the env was reset in the same step.
+    assert len(images) == 4 and all(img.shape == (4, 6, 3) and (img == (0 if done else 1)).all()
+                                    for img, done in zip(images, dones))
     tiled = info_venv.render(mode="rgb_array")
     assert tiled.shape == (8, 12, 3)
 

@@ -33,7 +33,11 @@ class RunSpec:
 
 
 class Stepper(Protocol):
-    """The surface the harness times; ``step`` results are ignored."""
+    """The surface the harness times; ``step`` results are ignored.
+
+    ``steps_per_call`` (optional, default 1): vector steps one ``step`` call makes (a rollout
+    engine's ``step`` collects a whole rollout).
+    """
 
     workers: int
 
@@ -125,6 +129,80 @@ class _AsyncStepper:
         self.env.close()
 
 
+# Rows of the rollouts the rollout engines collect per ``step`` call (CleanRL's default for Atari).
+ROLLOUT_STEPS = 128
+
+
+class _CyclingPolicy:
+    """The stand-in policy of the rollout engines: pre-generated batches, one per call, in turn."""
+
+    def __init__(self, actions: list[Any]) -> None:
+        self.actions, self.i = actions, 0
+
+    def __call__(self, obs: Any) -> Any:
+        self.i += 1
+        return self.actions[self.i % len(self.actions)]
+
+
+class _StepLoopStepper:
+    """What a PPO loop does with ``step``: ``T`` steps, each copied into ``[T, N]`` rollout buffers."""
+
+    def __init__(self, env: Any, workers: int, actions: list[Any]) -> None:
+        import numpy as np
+
+        from shmvec.layout import flatten, space_leaves
+
+        self.env, self.workers, self.steps_per_call = env, workers, ROLLOUT_STEPS
+        self.policy = _CyclingPolicy(actions)
+        T, n = ROLLOUT_STEPS, env.num_envs
+        self._flatten = lambda x, space=env.single_observation_space: flatten(space, x)
+        self.obs_buf = [np.zeros((T, n, *leaf.shape), leaf.dtype)
+                        for leaf in space_leaves(env.single_observation_space, "observation_space")]
+        sample = actions[0]
+        self.act_buf = np.zeros((T, *np.shape(sample)), np.asarray(sample).dtype)
+        self.rew_buf = np.zeros((T, n), np.float32)
+        self.term_buf = np.zeros((T, n), bool)
+        self.trunc_buf = np.zeros((T, n), bool)
+        self.obs = None
+
+    def reset(self, seed: int) -> None:
+        self.obs, _ = self.env.reset(seed=seed)
+
+    def step(self, actions: Any) -> None:
+        env, policy, flatten = self.env, self.policy, self._flatten
+        obs = self.obs
+        for t in range(self.steps_per_call):
+            a = policy(obs)
+            for buf, leaf in zip(self.obs_buf, flatten(obs)):
+                buf[t] = leaf
+            self.act_buf[t] = a
+            obs, rew, term, trunc, _ = env.step(a)
+            self.rew_buf[t] = rew
+            self.term_buf[t] = term
+            self.trunc_buf[t] = trunc
+        self.obs = obs
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class _RolloutStepper:
+    """``ShmVecEnv.rollout``: the workers write the ``[T, N]`` buffers in place."""
+
+    def __init__(self, env: Any, workers: int, actions: list[Any]) -> None:
+        self.env, self.workers, self.steps_per_call = env, workers, ROLLOUT_STEPS
+        self.policy = _CyclingPolicy(actions)
+
+    def reset(self, seed: int) -> None:
+        self.env.reset(seed=seed)
+
+    def step(self, actions: Any) -> None:
+        self.env.rollout(self.policy, self.steps_per_call)
+
+    def close(self) -> None:
+        self.env.close()
+
+
 # -- builders ---------------------------------------------------------------------------------
 def _build_shmvec(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
@@ -146,6 +224,28 @@ def _build_shmvec_async(spec: RunSpec) -> Stepper:
     workers = min(spec.num_workers, spec.num_envs)
     env = ShmVecEnv(spec.env_fns(), num_workers=workers, batch_size=spec.num_envs // workers)
     return _AsyncStepper(env, workers)
+
+
+def _rollout_actions(spec: RunSpec, env: Any) -> list[Any]:
+    from shmvec.bench.measure import make_actions
+
+    return make_actions(env.single_action_space, spec.num_envs, spec.seed)
+
+
+def _build_shmvec_loop(spec: RunSpec) -> Stepper:
+    from shmvec.vector_env import ShmVecEnv
+
+    workers = min(spec.num_workers, spec.num_envs)
+    env = ShmVecEnv(spec.env_fns(), num_workers=workers)
+    return _StepLoopStepper(env, workers, _rollout_actions(spec, env))
+
+
+def _build_shmvec_rollout(spec: RunSpec) -> Stepper:
+    from shmvec.vector_env import ShmVecEnv
+
+    workers = min(spec.num_workers, spec.num_envs)
+    env = ShmVecEnv(spec.env_fns(), num_workers=workers)
+    return _RolloutStepper(env, workers, _rollout_actions(spec, env))
 
 
 def _build_gym_sync(spec: RunSpec) -> Stepper:
@@ -198,6 +298,13 @@ def _build_serial(spec: RunSpec) -> Stepper:
 
 def _envpool_supports(workload: Workload) -> str | None:
     return None if workload.envpool_id else "EnvPool has no such env"
+
+
+ROLLOUT_WORKLOADS = ("cartpole", "atari-like")
+
+
+def _rollout_supports(workload: Workload) -> str | None:
+    return None if workload.key in ROLLOUT_WORKLOADS else "rollout engines run on CartPole and Atari-like only"
 
 
 # -- the registry -------------------------------------------------------------------------------
@@ -275,6 +382,12 @@ ENGINES: dict[str, Engine] = {
                "the layout async collection uses", _build_shmvec_procs, lambda s: min(s.num_workers, s.num_envs)),
         Engine("shmvec-async", "shmvec async", "ShmVecEnv(batch_size = num_envs / num_workers): send/recv, "
                "every block in a worker", _build_shmvec_async, lambda s: min(s.num_workers, s.num_envs)),
+        Engine("shmvec-loop", "shmvec step loop", f"ShmVecEnv.step in a PPO loop copying each step into "
+               f"[T={ROLLOUT_STEPS}, N] buffers", _build_shmvec_loop, lambda s: min(s.num_workers, s.num_envs) - 1,
+               supports=_rollout_supports),
+        Engine("shmvec-rollout", "shmvec rollout", f"ShmVecEnv.rollout(policy, {ROLLOUT_STEPS}): workers write "
+               "the [T, N] buffers in place", _build_shmvec_rollout, lambda s: min(s.num_workers, s.num_envs) - 1,
+               supports=_rollout_supports),
         Engine("gym-sync", "gym Sync", "gymnasium.vector.SyncVectorEnv", _build_gym_sync, _none),
         Engine("gym-async-shm", "gym Async (shm)", "AsyncVectorEnv(shared_memory=True), one process per env",
                _build_gym_async(True), _per_env),

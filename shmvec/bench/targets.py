@@ -53,6 +53,11 @@ TARGETS: list[Target] = [
            "shmvec-procs", 1.3, engine="shmvec-async"),
     Target("CartPole: async no slower than sync step with the same workers, at every size", "cartpole", None,
            "shmvec-procs", 1.0, engine="shmvec-async"),
+    # Rollouts written in place against the step loop a PPO user writes, same envs and workers.
+    Target("CartPole: rollout() faster than a step loop filling [T, N] buffers, at every size", "cartpole", None,
+           "shmvec-loop", 1.0, strict=True, engine="shmvec-rollout"),
+    Target("Atari-like: rollout() faster than a step loop filling [T, N] buffers, at every size", "atari-like",
+           None, "shmvec-loop", 1.0, strict=True, engine="shmvec-rollout"),
 ]
 
 

@@ -1,0 +1,46 @@
+"""Shared-memory segments that leave no name behind: created, unlinked at once, passed as fds.
+
+Only the standard library is imported: worker processes use :func:`map_fd` before numpy is
+loaded (a spawned worker sets BLAS thread counts first).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+
+PREFIX = "shmvec_"
+
+
+def create(size: int) -> tuple[int, mmap.mmap]:
+    """A new segment of ``size`` bytes: ``(fd, mapping)``; its name is already gone.
+
+    ``SharedMemory`` creates it owner-only (0600). We keep a file descriptor and unlink the
+    name at once: workers receive the descriptor over their pipe (SCM_RIGHTS), so from here on
+    nothing is left in /dev/shm whatever happens to any process, SIGKILL included; the memory
+    lives while a mapping or the descriptor does. The caller closes ``fd``.
+    """
+    from multiprocessing import shared_memory
+
+    name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
+    shm = shared_memory.SharedMemory(name=name, create=True, size=size)
+    try:
+        fd = os.dup(shm._fd)
+    finally:
+        shm.close()
+        shm.unlink()
+    return fd, map_fd(os.dup(fd), size)
+
+
+def map_fd(fd: int, size: int) -> mmap.mmap:
+    """Map a segment from its file descriptor (as passed over a pipe), then close the fd.
+
+    Workers never open a segment by name: they could not register it with the resource
+    tracker safely (before Python 3.13 a child's registration unlinks the segment when that
+    child exits), and by the time they map it the name is already gone.
+    """
+    try:
+        return mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
