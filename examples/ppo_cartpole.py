@@ -172,6 +172,33 @@ def train(
         envs.close()
 
 
+def ppo_update(agent: Agent, optimizer: torch.optim.Optimizer, hp: Hyperparams, obs: np.ndarray,
+               actions: np.ndarray, logprobs: np.ndarray, advantages: np.ndarray, returns: np.ndarray,
+               values: np.ndarray) -> None:
+    """``update_epochs`` passes of the clipped surrogate objective over ``num_minibatches``
+    shuffled minibatches of the flat batch (one row per transition, any number of rows)."""
+    b_obs, b_actions, b_logprobs, b_adv, b_returns, b_values = (
+        torch.from_numpy(np.ascontiguousarray(x)) for x in (obs, actions, logprobs, advantages, returns, values))
+    for _ in range(hp.update_epochs):
+        # Near-equal minibatches: a ragged one-row tail would have no advantage std.
+        for mb in torch.randperm(len(b_obs)).tensor_split(hp.num_minibatches):
+            _, new_logprob, entropy, new_value = agent.act(b_obs[mb], b_actions[mb])
+            ratio = (new_logprob - b_logprobs[mb]).exp()
+            adv = b_adv[mb]
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - hp.clip_coef, 1 + hp.clip_coef)).mean()
+            if hp.clip_vloss:
+                clipped = b_values[mb] + (new_value - b_values[mb]).clamp(-hp.clip_coef, hp.clip_coef)
+                v_loss = 0.5 * torch.max((new_value - b_returns[mb]) ** 2, (clipped - b_returns[mb]) ** 2).mean()
+            else:
+                v_loss = 0.5 * ((new_value - b_returns[mb]) ** 2).mean()
+            loss = pg_loss - hp.ent_coef * entropy.mean() + hp.vf_coef * v_loss
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
+            optimizer.step()
+
+
 def _train(envs: VectorEnv, hp: Hyperparams, total_steps: int, n: int, seed: int, progress: bool) -> dict[str, Any]:
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     agent = Agent(obs_dim, int(envs.single_action_space.n))
@@ -179,7 +206,6 @@ def _train(envs: VectorEnv, hp: Hyperparams, total_steps: int, n: int, seed: int
 
     T = hp.num_steps
     batch_size = T * n
-    minibatch_size = batch_size // hp.num_minibatches
     iterations = total_steps // batch_size
     # The rollout, time-major [T, N] as shmvec.gae wants it.
     obs_buf = np.zeros((T, n, obs_dim), np.float32)
@@ -238,29 +264,8 @@ def _train(envs: VectorEnv, hp: Hyperparams, total_steps: int, n: int, seed: int
         )  # fmt: skip
 
         # 3. Optimise the clipped surrogate objective on shuffled minibatches.
-        b_obs = torch.from_numpy(obs_buf.reshape(batch_size, obs_dim))
-        b_actions = torch.from_numpy(actions.reshape(-1))
-        b_logprobs = torch.from_numpy(logprobs.reshape(-1))
-        b_adv = torch.from_numpy(advantages.reshape(-1))
-        b_returns = torch.from_numpy(returns.reshape(-1))
-        b_values = torch.from_numpy(values.reshape(-1))
-        for _ in range(hp.update_epochs):
-            for mb in torch.randperm(batch_size).split(minibatch_size):
-                _, new_logprob, entropy, new_value = agent.act(b_obs[mb], b_actions[mb])
-                ratio = (new_logprob - b_logprobs[mb]).exp()
-                adv = b_adv[mb]
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-                pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - hp.clip_coef, 1 + hp.clip_coef)).mean()
-                if hp.clip_vloss:
-                    clipped = b_values[mb] + (new_value - b_values[mb]).clamp(-hp.clip_coef, hp.clip_coef)
-                    v_loss = 0.5 * torch.max((new_value - b_returns[mb]) ** 2, (clipped - b_returns[mb]) ** 2).mean()
-                else:
-                    v_loss = 0.5 * ((new_value - b_returns[mb]) ** 2).mean()
-                loss = pg_loss - hp.ent_coef * entropy.mean() + hp.vf_coef * v_loss
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(agent.parameters(), hp.max_grad_norm)
-                optimizer.step()
+        ppo_update(agent, optimizer, hp, obs_buf.reshape(batch_size, obs_dim), actions.reshape(-1),
+                   logprobs.reshape(-1), advantages.reshape(-1), returns.reshape(-1), values.reshape(-1))
 
         # 4. Report.
         avg = float(np.mean(recent)) if recent else float("nan")
@@ -289,6 +294,17 @@ def _train(envs: VectorEnv, hp: Hyperparams, total_steps: int, n: int, seed: int
     }
 
 
+def report(stats: dict[str, Any]) -> str:
+    """One line summing up a run of :func:`train`."""
+    reached = stats["step_at_target"]
+    return (
+        f"{stats['steps']:,} steps in {stats['wall_time_s']:.1f} s ({stats['steps_per_s']:,.0f} steps/s), "
+        f"{stats['episodes']} episodes; average return of the last {stats['hyperparams']['return_window']}: "
+        f"{stats['avg_return']:.1f} (best {stats['best_avg_return']:.1f}); "
+        + (f"reached {stats['hyperparams']['target_return']:g} at step {reached:,}" if reached else "target not reached")
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--total-steps", type=int, default=500_000)
@@ -297,13 +313,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--num-workers", type=int, default=None, help="ShmVecEnv num_workers (default: the cores)")
     args = parser.parse_args(argv)
     stats = train(args.total_steps, args.num_envs, args.seed, num_workers=args.num_workers)
-    reached = stats["step_at_target"]
-    print(
-        f"{stats['steps']:,} steps in {stats['wall_time_s']:.1f} s ({stats['steps_per_s']:,.0f} steps/s), "
-        f"{stats['episodes']} episodes; average return of the last {stats['hyperparams']['return_window']}: "
-        f"{stats['avg_return']:.1f} (best {stats['best_avg_return']:.1f}); "
-        + (f"reached {stats['hyperparams']['target_return']:g} at step {reached:,}" if reached else "target not reached")
-    )
+    print(report(stats))
     return stats
 
 

@@ -28,6 +28,7 @@ _LAZY = {
     "StepTimeout": "shmvec.errors",
     "ClosedError": "shmvec.errors",
     "NonFiniteError": "shmvec.errors",
+    "ActorDied": "shmvec.errors",
     "gae": "shmvec.advantage",
     "discounted_returns": "shmvec.advantage",
 }

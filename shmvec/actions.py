@@ -6,13 +6,14 @@ What is checked, and what it costs per step, is listed in ``docs/reliability.md`
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from shmvec.layout import Leaf
+from shmvec.layout import Leaf, flatten, space_leaves
 
-__all__ = ["action_checker"]
+__all__ = ["ActionBatch", "action_checker"]
 
 _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 # The ufunc reductions themselves: ndarray.max() adds a Python-level wrapper (~1 us a call).
@@ -32,7 +33,7 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
 
     def refuse(a: np.ndarray, bad: np.ndarray) -> None:
         env = int(np.argwhere(bad)[0][0])
-        raise ValueError(f"{where}[{env}] = {a[env]!r} is outside the action space {space} (env {env})")
+        raise ValueError(f"{where}[{env}] = {a[env].tolist()!r} is outside the action space {space} (env {env})")
 
     if isinstance(space, gym.spaces.Box):
         box_low, box_high = space.low, space.high
@@ -73,3 +74,46 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
             refuse(a, (a < low) | (a >= high))
 
     return check_integers
+
+
+class ActionBatch:
+    """Turns a batch of actions for ``n`` envs into checked per-leaf arrays.
+
+    Parameters
+    ----------
+    single_action_space : gymnasium.Space
+        One env's action space (nested Dict/Tuple allowed).
+    validate : bool
+        Check values against the space (shapes are always checked).
+    """
+
+    def __init__(self, single_action_space: gym.Space, validate: bool = True) -> None:
+        self.space = single_action_space
+        self.leaves = space_leaves(single_action_space, "action_space")
+        self.flat = len(self.leaves) == 1 and not self.leaves[0].path
+        self.checks = [action_checker(leaf) if validate else None for leaf in self.leaves]
+
+    def leaf_arrays(self, actions: Any, n: int) -> list[np.ndarray]:
+        """The ``[n, ...]`` array of each leaf, in leaf order; ``ValueError`` naming the leaf, what was
+        expected and the first offending env if ``actions`` does not fit the space."""
+        if self.flat:
+            parts = [actions]
+        else:
+            try:
+                parts = flatten(self.space, actions)
+            except (KeyError, IndexError, TypeError) as exc:
+                raise ValueError(
+                    f"actions do not match action_space {self.space} (per env): {type(exc).__name__}: {exc}"
+                ) from None
+        out = []
+        for leaf, check, part in zip(self.leaves, self.checks, parts):
+            a = np.asarray(part)
+            if a.shape != (n, *leaf.shape):
+                raise ValueError(
+                    f"actions{leaf.field} have shape {a.shape}, expected {(n, *leaf.shape)} "
+                    f"({n} envs, single_action_space{leaf.field}={leaf.space})"
+                )
+            if check is not None:
+                check(a)
+            out.append(a)
+        return out

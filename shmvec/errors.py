@@ -25,6 +25,7 @@ class WorkerError(ShmVecError):
     """
 
     def __init__(self, report: dict[str, Any]) -> None:
+        self.report = report
         self.worker_index: int = report["worker_index"]
         self.env_index: int | None = report["env_index"]
         self.phase: str = report["phase"]
@@ -37,6 +38,9 @@ class WorkerError(ShmVecError):
             f"Remote traceback:\n{self.remote_traceback}"
         )
 
+    def __reduce__(self) -> tuple:  # picklable (Ray re-raises it in the driver): rebuilt from the report
+        return type(self), (self.report,)
+
 
 class WorkerDied(ShmVecError):
     """A worker process exited without being asked to (killed, crashed, ``os._exit``)."""
@@ -44,6 +48,7 @@ class WorkerDied(ShmVecError):
     def __init__(self, worker_index: int, exitcode: int | None, envs: range) -> None:
         self.worker_index = worker_index
         self.exitcode = exitcode
+        self.envs = envs
         if exitcode is not None and exitcode < 0:
             import signal
 
@@ -54,6 +59,9 @@ class WorkerDied(ShmVecError):
         else:
             how = f"exited with code {exitcode}"
         super().__init__(f"worker {worker_index} (envs {envs.start}..{envs.stop - 1}) {how}")
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.worker_index, self.exitcode, self.envs)
 
 
 class NonFiniteError(ShmVecError, ValueError):
@@ -66,3 +74,24 @@ class StepTimeout(ShmVecError, TimeoutError):
 
 class ClosedError(ShmVecError):
     """The vector env was used after ``close()`` (or after a fault closed it)."""
+
+
+class ActorDied(ShmVecError):
+    """A Ray actor of a :class:`~shmvec.ray.RayVecEnv` died (its process or its node went away).
+
+    Attributes
+    ----------
+    actor_index : int
+    envs : range
+        The global indices of the envs it hosted.
+    node_ip, node_id : str
+        Where it ran.
+    """
+
+    def __init__(self, actor_index: int, envs: range, node_ip: str, node_id: str, cause: str) -> None:
+        self.actor_index, self.envs, self.node_ip, self.node_id, self.cause = actor_index, envs, node_ip, node_id, cause
+        super().__init__(f"Ray actor {actor_index} (envs {envs.start}..{envs.stop - 1}) on node {node_ip} "
+                         f"(id {node_id[:12]}) died: {cause}")
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.actor_index, self.envs, self.node_ip, self.node_id, self.cause)

@@ -42,3 +42,32 @@ def add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int)
         mask[index] = True
         infos[key], infos[f"_{key}"] = array, mask
     return infos
+
+
+def concat_infos(parts: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any]:
+    """Join the infos of consecutive batches (of ``sizes`` envs each) into one batch's infos.
+
+    The result is what :func:`add_info` would have built over all the envs in order: the first
+    batch that has a key picks its array's type; batches without it contribute zeros (``None``
+    in object arrays) and False in its ``_key`` mask.
+    """
+    total = sum(sizes)
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(k for part in parts for k in part):
+        values = [part.get(key) for part in parts]
+        first = next(v for v in values if v is not None)
+        if isinstance(first, dict):
+            out[key] = concat_infos([{} if v is None else v for v in values], sizes)
+            continue
+        first = np.asarray(first)
+        if first.dtype == object:
+            array = np.full(total, None, dtype=object)
+        else:
+            array = np.zeros((total, *first.shape[1:]), dtype=first.dtype)
+        start = 0
+        for value, size in zip(values, sizes):
+            if value is not None:
+                array[start:start + size] = value
+            start += size
+        out[key] = array
+    return out

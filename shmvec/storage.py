@@ -59,9 +59,9 @@ class RolloutStorage:
         self.rewards, self.terminations, self.truncations = (
             views["rewards"], views["terminations"], views["truncations"])
         T = self.num_steps
-        # What the policy sees at row t, built once: read-only, so that a policy cannot
-        # scribble over the observations it is handed.
-        self.policy_obs = [self._readonly_row(t) for t in range(T)]
+        # What the policy sees at row t: views of the storage itself, built once (writable, so
+        # that torch.from_numpy takes them without a copy or a warning).
+        self.policy_obs = [assemble(observation_space, [o[t] for o in self.obs]) for t in range(T)]
         self.act_rows = [[a[t] for a in self.act] for t in range(T)]
         # Where step t reads its actions and writes its results, for all envs.
         self.rows = [Targets([o[t + 1] for o in self.obs], [f[t] for f in self.final_obs], self.act_rows[t],
@@ -69,14 +69,6 @@ class RolloutStorage:
         self.valid = np.ones((T, self.num_envs), dtype=bool) if next_step else None
         self.extras: dict[str, np.ndarray] = {}
         self.infos: list[dict[str, Any]] = [{} for _ in range(T)]
-
-    def _readonly_row(self, t: int) -> Any:
-        leaves = []
-        for o in self.obs:
-            v = o[t].view()
-            v.flags.writeable = False
-            leaves.append(v)
-        return assemble(self.observation_space, leaves)
 
     def start(self, current_obs: list[np.ndarray], pending_reset: np.ndarray) -> None:
         """Begin a rollout from ``current_obs`` (per-leaf ``[N, ...]``); ``pending_reset``: the

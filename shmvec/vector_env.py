@@ -13,10 +13,10 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec import protocol as P
-from shmvec.actions import action_checker
+from shmvec.actions import ActionBatch
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
-from shmvec.layout import Leaf, assemble, flatten
+from shmvec.layout import assemble
 from shmvec.pool import WorkerPool, usable_cores
 from shmvec.storage import RolloutStorage, split_policy_output
 from shmvec.worker import Targets
@@ -128,7 +128,6 @@ class ShmVecEnv(VectorEnv):
         if step_in_main is None:
             step_in_main = self.batch_size == self.num_envs
         self.copy = copy
-        self.validate_actions = validate_actions
         self._pool = WorkerPool(env_fns, self.num_workers, step_in_main, context, self.autoreset_mode.value,
                                 timeout, spin_us)
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
@@ -143,8 +142,7 @@ class ShmVecEnv(VectorEnv):
         self.render_mode = pool.render_mode
 
         layout, views = pool.layout, pool.views
-        self._act_leaves: list[Leaf] = layout.act_leaves
-        self._act_checks = [action_checker(leaf) for leaf in layout.act_leaves]
+        self._actions = ActionBatch(self.single_action_space, validate_actions)
         self._act_views = layout.leaf_views(views, "act")
         self._obs_views = layout.leaf_views(views, "obs")
         self._obs_leaves = layout.obs_leaves
@@ -445,7 +443,8 @@ class ShmVecEnv(VectorEnv):
     def rollout(self, policy: Callable[[Any], Any], num_steps: int) -> dict[str, Any]:
         """Step every env ``num_steps`` times with ``policy``; the workers write each step in place.
 
-        ``policy(obs)`` gets the ``[N, ...]`` observations of one step (read-only views) and
+        ``policy(obs)`` gets the ``[N, ...]`` observations of one step (views of the storage:
+        ``torch.from_numpy`` takes them as they are; what the policy writes there, the batch keeps) and
         returns the actions, or ``(actions, extras)`` with ``extras`` a dict of ``[N, ...]``
         arrays to keep per step (log-probabilities, values: anything ``numpy.asarray`` takes,
         e.g. a detached CPU torch tensor). The workers write observations, rewards and flags
@@ -489,8 +488,7 @@ class ShmVecEnv(VectorEnv):
             ``t`` ended an episode (undefined elsewhere).
 
             The arrays are views of storage that the next ``rollout`` overwrites: copy what you
-            keep longer. They are writable (for in-place reward scaling, say); ``obs`` rows are
-            read-only only as the policy sees them.
+            keep longer. They are writable (for in-place reward scaling, say).
 
         Raises
         ------
@@ -556,6 +554,21 @@ class ShmVecEnv(VectorEnv):
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    @property
+    def validate_actions(self) -> bool:
+        """Whether actions are checked against the action space before any worker sees them."""
+        return self._actions.checks[0] is not None
+
+    @validate_actions.setter
+    def validate_actions(self, value: bool) -> None:
+        self._actions = ActionBatch(self.single_action_space, bool(value))
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of the worker processes (empty once closed)."""
+        pool = self._pool
+        return [] if pool.closed else [p.pid for p in pool.procs if p is not None]
 
     # -- episode statistics ---------------------------------------------------------------
     @property
@@ -672,27 +685,7 @@ class ShmVecEnv(VectorEnv):
     def _write_actions(self, actions: Any, ids: np.ndarray | None = None, views: list | None = None) -> None:
         """Check ``actions`` (for all envs, or for ``ids``) and write them into shared memory
         (the regular regions, or the per-leaf ``views`` of a rollout row)."""
-        n = self.num_envs if ids is None else len(ids)
-        if len(self._act_leaves) == 1 and not self._act_leaves[0].path:
-            parts = [actions]
-        else:
-            try:
-                parts = flatten(self.single_action_space, actions)
-            except (KeyError, IndexError, TypeError) as exc:
-                raise ValueError(
-                    f"actions do not match action_space {self.action_space}: {type(exc).__name__}: {exc}"
-                ) from None
-        checked = []
-        for leaf, check, part in zip(self._act_leaves, self._act_checks, parts):
-            a = np.asarray(part)
-            if a.shape != (n, *leaf.shape):
-                raise ValueError(
-                    f"actions{leaf.field} have shape {a.shape}, expected {(n, *leaf.shape)} "
-                    f"({n} envs, single_action_space{leaf.field}={leaf.space})"
-                )
-            if self.validate_actions:
-                check(a)
-            checked.append(a)
+        checked = self._actions.leaf_arrays(actions, self.num_envs if ids is None else len(ids))
         # Written only once every leaf passed: a refused action leaves nothing half-written.
         target = slice(None) if ids is None else slice(int(ids[0]), int(ids[-1]) + 1)
         if ids is not None and target.stop - target.start != len(ids):

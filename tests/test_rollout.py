@@ -191,17 +191,18 @@ def test_batch_views_are_reused_and_old_storage_stays_valid():
         assert np.all(fourth["rewards"][fourth["valid"]] == 1.0)
 
 
-def test_policy_sees_readonly_obs():
+def test_policy_sees_the_storage_rows_without_a_copy():
     seen = []
 
     def policy(obs):
-        seen.append(obs.flags.writeable)
+        seen.append(obs)
         return np.zeros(len(obs), dtype=np.int64)
 
     with shmvec.ShmVecEnv([cartpole] * 2, num_workers=1) as envs:
         envs.reset(seed=0)
-        envs.rollout(policy, 3)
-    assert seen == [False] * 3
+        batch = envs.rollout(policy, 3)
+        for t, obs in enumerate(seen):
+            assert obs.flags.writeable and np.shares_memory(obs, batch["obs"][t])
 
 
 def test_rollout_refuses_bad_use():
