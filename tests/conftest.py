@@ -35,3 +35,20 @@ def no_leaks():
     gc.collect()
     assert shm_entries() - before == set(), "a shared-memory segment outlived its vector env"
     assert children_alive() == [], "a worker process outlived its vector env"
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster for one test module. Actors import the test helpers by name, so the
+    tests folder goes on their PYTHONPATH (they inherit the driver's environment)."""
+    ray = pytest.importorskip("ray", reason="the ray extra is part of dev: make test installs it")
+    here = os.path.dirname(__file__)
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = here if not old else os.pathsep.join([here, old])
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old

@@ -21,20 +21,7 @@ ray = pytest.importorskip("ray", reason="the ray extra is part of dev: make test
 from shmvec.ray import RayVecEnv  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def local_cluster():
-    """One local Ray cluster for this module. Actors import the test helpers by name, so the
-    tests folder goes on their PYTHONPATH (they inherit the driver's environment)."""
-    here = os.path.dirname(__file__)
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = here if not old else os.pathsep.join([here, old])
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield
-    ray.shutdown()
-    if old is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = old
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def gone(pids, within=10.0):

@@ -1,0 +1,198 @@
+"""PPO on CartPole-v1 through ``envs.rollout``: the workers write each [T, N] batch in place.
+
+    python examples/ppo_rollout.py                        # 500k steps, 8 envs, seed 1
+    python examples/ppo_rollout.py --total-steps 50000 --num-envs 16
+
+The same agent and update as ``examples/ppo_cartpole.py``; only the collection differs. There
+the loop calls ``envs.step`` and copies every step into its buffers. Here one call,
+``envs.rollout(policy, T)``, steps the envs ``T`` times: the workers write observations,
+rewards and flags straight into ``[T, N]`` storage, and the policy (:class:`TorchPolicy`, the
+agent in sampling mode) keeps its log-probabilities and values beside them.
+
+The rollout uses NEXT_STEP autoreset, Gymnasium's default: after an episode ends, the env's next
+step is a reset whose action is ignored. ``batch["valid"]`` marks those rows False;
+``shmvec.gae(..., autoreset="next_step", valid=...)`` skips them and bootstraps a truncated
+episode from the value of the following row (its final observation), and the update trains only
+on valid rows.
+
+:func:`train` takes any vector env with ``reset`` and ``rollout``: a :class:`shmvec.ShmVecEnv`
+(the default) or a :class:`shmvec.ray.RayVecEnv` (``examples/ppo_ray.py``), where the policy is
+sent to the actors once per rollout and runs next to their envs.
+
+Needs torch (``pip install 'shmvec[torch]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+
+import shmvec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling example, run from anywhere
+from ppo_cartpole import Agent, Hyperparams, MakeEnv, ppo_update, report  # noqa: E402
+
+# make_vector_env(env_fns, autoreset_mode) -> an env with reset() and rollout()
+RolloutEnvFactory = Callable[[Sequence[Callable[[], gym.Env]], AutoresetMode], Any]
+
+
+class TorchPolicy:
+    """The agent as a rollout policy: ``obs -> (actions, {"logprob": ..., "value": ...})``.
+
+    Picklable (weights included), so a :class:`~shmvec.ray.RayVecEnv` can ship it to its
+    actors; there it limits torch to ``threads`` threads, leaving the cores to the envs.
+    """
+
+    def __init__(self, agent: Agent, threads: int = 1) -> None:
+        self.agent = agent
+        self.threads = threads
+
+    def __call__(self, obs: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        with torch.no_grad():
+            action, logprob, _, value = self.agent.act(torch.from_numpy(obs))
+        return action.numpy(), {"logprob": logprob.numpy(), "value": value.numpy()}
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return self.agent.value(torch.from_numpy(np.asarray(obs, dtype=np.float32))).numpy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        torch.set_num_threads(self.threads)  # unpickled in another process: an actor
+
+
+def shmvec_factory(num_workers: int | None = None) -> RolloutEnvFactory:
+    """The default vector env: a :class:`shmvec.ShmVecEnv`."""
+
+    def make(env_fns: Sequence[Callable[[], gym.Env]], autoreset_mode: AutoresetMode) -> shmvec.ShmVecEnv:
+        return shmvec.ShmVecEnv(env_fns, num_workers=num_workers, autoreset_mode=autoreset_mode)
+
+    return make
+
+
+def train(
+    total_steps: int = 500_000,
+    num_envs: int = 8,
+    seed: int = 1,
+    *,
+    make_vector_env: RolloutEnvFactory | None = None,
+    num_workers: int | None = None,
+    progress: bool = True,
+    torch_threads: int = 1,
+    **hyperparams: Any,
+) -> dict[str, Any]:
+    """Train PPO from rollouts and return statistics of the run.
+
+    Parameters and result as :func:`ppo_cartpole.train`, except that ``make_vector_env``
+    returns an env with ``reset`` and ``rollout`` under ``AutoresetMode.NEXT_STEP``, and the
+    result also has ``valid_fraction`` (the share of rows that were real transitions).
+    """
+    hp = Hyperparams(**hyperparams)
+    torch.set_num_threads(torch_threads)
+    torch.manual_seed(seed)
+    make_vector_env = make_vector_env or shmvec_factory(num_workers)
+    envs = make_vector_env([MakeEnv(hp.env_id)] * num_envs, AutoresetMode.NEXT_STEP)
+    try:
+        return _train(envs, hp, total_steps, num_envs, seed, progress)
+    finally:
+        envs.close()
+
+
+def _train(envs: Any, hp: Hyperparams, total_steps: int, n: int, seed: int, progress: bool) -> dict[str, Any]:
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    agent = Agent(obs_dim, int(envs.single_action_space.n))
+    optimizer = torch.optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5)
+    T = hp.num_steps
+    iterations = total_steps // (T * n)
+
+    running_return = np.zeros(n)
+    recent: deque[float] = deque(maxlen=hp.return_window)
+    history: list[tuple[int, float]] = []
+    best_avg, step_at_target, episodes, valid_rows = -np.inf, None, 0, 0
+
+    envs.reset(seed=seed)
+    steps = 0
+    start = time.perf_counter()
+    for iteration in range(iterations):
+        if hp.anneal_lr:
+            optimizer.param_groups[0]["lr"] = hp.learning_rate * (1.0 - iteration / iterations)
+
+        # 1. Collect: one call, T steps of every env, written in place.
+        policy = TorchPolicy(agent)
+        batch = envs.rollout(policy, num_steps=T)
+        steps += T * n
+        valid = batch["valid"]
+        valid_rows += int(valid.sum())
+        for t in range(T):  # episode returns, from the rewards and flags
+            running_return += batch["rewards"][t]
+            ended = batch["terminations"][t] | batch["truncations"][t]
+            if ended.any():
+                recent.extend(running_return[ended].tolist())
+                episodes += int(ended.sum())
+                running_return[ended] = 0.0
+
+        # 2. Advantages: invalid rows are skipped, truncations bootstrap from the next row.
+        values = batch["value"]
+        advantages, returns = shmvec.gae(
+            batch["rewards"], values, batch["terminations"], batch["truncations"],
+            policy.value(batch["next_obs"]), gamma=hp.gamma, lam=hp.gae_lambda,
+            autoreset="next_step", valid=valid,
+        )  # fmt: skip
+
+        # 3. Optimise on the valid rows only (a reset row's action did nothing).
+        ppo_update(agent, optimizer, hp, batch["obs"][valid], batch["actions"][valid], batch["logprob"][valid],
+                   advantages[valid], returns[valid], values[valid])
+
+        # 4. Report.
+        avg = float(np.mean(recent)) if recent else float("nan")
+        history.append((steps, avg))
+        if len(recent) == recent.maxlen:
+            best_avg = max(best_avg, avg)
+            if step_at_target is None and avg >= hp.target_return:
+                step_at_target = steps
+        if progress:
+            rate = steps / (time.perf_counter() - start)
+            print(f"\rstep {steps:>8,}/{iterations * T * n:,}  avg return {avg:6.1f}  {rate:7,.0f} steps/s",
+                  end="", file=sys.stderr, flush=True)
+    wall = time.perf_counter() - start
+    if progress:
+        print(file=sys.stderr)
+    return {
+        "steps": steps,
+        "episodes": episodes,
+        "wall_time_s": wall,
+        "steps_per_s": steps / wall if wall > 0 else float("nan"),
+        "avg_return": float(np.mean(recent)) if recent else float("nan"),
+        "best_avg_return": float(best_avg),
+        "step_at_target": step_at_target,
+        "valid_fraction": valid_rows / steps if steps else float("nan"),
+        "history": history,
+        "hyperparams": asdict(hp),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--total-steps", type=int, default=500_000)
+    parser.add_argument("--num-envs", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--num-workers", type=int, default=None, help="ShmVecEnv num_workers (default: the cores)")
+    args = parser.parse_args(argv)
+    stats = train(args.total_steps, args.num_envs, args.seed, num_workers=args.num_workers)
+    print(report(stats))
+    return stats
+
+
+if __name__ == "__main__":
+    main()
