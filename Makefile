@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 
-.PHONY: test bench bench-quick bench-docs bench-micro venv clean
+.PHONY: test bench bench-quick bench-docs bench-micro bench-ray venv clean
 
 venv: $(STAMP)
 
@@ -25,6 +25,10 @@ bench-quick: $(STAMP)
 
 bench-docs: $(STAMP)
 	$(PY) -m shmvec bench --write-docs
+
+# RayVecEnv.rollout against a local ShmVecEnv.rollout (its own local Ray cluster).
+bench-ray: $(STAMP)
+	$(PY) benchmarks/ray_rollout.py --json results/ray_rollout.json
 
 bench-micro: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only
