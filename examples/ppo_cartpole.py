@@ -116,6 +116,52 @@ class MakeEnv:
         return gym.make(self.env_id)
 
 
+class Tracker:
+    """A run's episode returns and progress: the statistics :func:`train` returns."""
+
+    def __init__(self, hp: Hyperparams, total_steps: int, progress: bool) -> None:
+        self.hp, self.total_steps, self.progress = hp, total_steps, progress
+        self.recent: deque[float] = deque(maxlen=hp.return_window)
+        self.history: list[tuple[int, float]] = []
+        self.best_avg, self.step_at_target, self.episodes = -np.inf, None, 0
+        self.start = time.perf_counter()
+
+    def ended(self, returns: np.ndarray) -> None:
+        """Record the returns of episodes that just ended."""
+        self.recent.extend(returns.tolist())
+        self.episodes += len(returns)
+
+    def update_done(self, steps: int) -> None:
+        """After each rollout and update: the moving average, and the progress line."""
+        avg = float(np.mean(self.recent)) if self.recent else float("nan")
+        self.history.append((steps, avg))
+        if len(self.recent) == self.recent.maxlen:
+            self.best_avg = max(self.best_avg, avg)
+            if self.step_at_target is None and avg >= self.hp.target_return:
+                self.step_at_target = steps
+        if self.progress:
+            rate = steps / (time.perf_counter() - self.start)
+            print(f"\rstep {steps:>8,}/{self.total_steps:,}  avg return {avg:6.1f}  {rate:7,.0f} steps/s",
+                  end="", file=sys.stderr, flush=True)
+
+    def result(self, steps: int, **extra: Any) -> dict[str, Any]:
+        wall = time.perf_counter() - self.start
+        if self.progress:
+            print(file=sys.stderr)
+        return {
+            "steps": steps,
+            "episodes": self.episodes,
+            "wall_time_s": wall,
+            "steps_per_s": steps / wall if wall > 0 else float("nan"),
+            "avg_return": float(np.mean(self.recent)) if self.recent else float("nan"),
+            "best_avg_return": float(self.best_avg),
+            "step_at_target": self.step_at_target,
+            "history": self.history,
+            "hyperparams": asdict(self.hp),
+            **extra,
+        }
+
+
 # -- training -----------------------------------------------------------------------------------
 
 
@@ -220,13 +266,10 @@ def _train(envs: VectorEnv, hp: Hyperparams, total_steps: int, n: int, seed: int
     # shmvec counts episode returns in its workers; other vector envs get them summed here.
     own_stats = not hasattr(envs, "episode_returns")
     running_return = np.zeros(n)
-    recent = deque(maxlen=hp.return_window)
-    history: list[tuple[int, float]] = []
-    best_avg, step_at_target, episodes = -np.inf, None, 0
 
     obs, _ = envs.reset(seed=seed)
     steps = 0
-    start = time.perf_counter()
+    tracker = Tracker(hp, iterations * batch_size, progress)
     for iteration in range(iterations):
         if hp.anneal_lr:
             optimizer.param_groups[0]["lr"] = hp.learning_rate * (1.0 - iteration / iterations)
@@ -249,9 +292,7 @@ def _train(envs: VectorEnv, hp: Hyperparams, total_steps: int, n: int, seed: int
                     final_obs = torch.from_numpy(np.stack(infos["final_obs"][cut]).astype(np.float32))
                     with torch.no_grad():
                         final_values[t, cut] = agent.value(final_obs).numpy()
-                finished = running_return[ended] if own_stats else envs.episode_returns[ended]
-                recent.extend(finished.tolist())
-                episodes += len(finished)
+                tracker.ended(running_return[ended] if own_stats else envs.episode_returns[ended])
                 running_return[ended] = 0.0
         steps += batch_size
 
@@ -268,30 +309,8 @@ def _train(envs: VectorEnv, hp: Hyperparams, total_steps: int, n: int, seed: int
                    logprobs.reshape(-1), advantages.reshape(-1), returns.reshape(-1), values.reshape(-1))
 
         # 4. Report.
-        avg = float(np.mean(recent)) if recent else float("nan")
-        history.append((steps, avg))
-        if len(recent) == recent.maxlen:
-            best_avg = max(best_avg, avg)
-            if step_at_target is None and avg >= hp.target_return:
-                step_at_target = steps
-        if progress:
-            rate = steps / (time.perf_counter() - start)
-            print(f"\rstep {steps:>8,}/{iterations * batch_size:,}  avg return {avg:6.1f}  {rate:7,.0f} steps/s",
-                  end="", file=sys.stderr, flush=True)
-    wall = time.perf_counter() - start
-    if progress:
-        print(file=sys.stderr)
-    return {
-        "steps": steps,
-        "episodes": episodes,
-        "wall_time_s": wall,
-        "steps_per_s": steps / wall if wall > 0 else float("nan"),
-        "avg_return": float(np.mean(recent)) if recent else float("nan"),
-        "best_avg_return": float(best_avg),
-        "step_at_target": step_at_target,
-        "history": history,
-        "hyperparams": asdict(hp),
-    }
+        tracker.update_done(steps)
+    return tracker.result(steps)
 
 
 def report(stats: dict[str, Any]) -> str:

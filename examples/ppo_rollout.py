@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +38,7 @@ from gymnasium.vector import AutoresetMode
 import shmvec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling example, run from anywhere
-from ppo_cartpole import Agent, Hyperparams, MakeEnv, ppo_update, report  # noqa: E402
+from ppo_cartpole import Agent, Hyperparams, MakeEnv, Tracker, ppo_update, report  # noqa: E402
 
 # make_vector_env(env_fns, autoreset_mode) -> an env with reset() and rollout()
 RolloutEnvFactory = Callable[[Sequence[Callable[[], gym.Env]], AutoresetMode], Any]
@@ -117,13 +114,11 @@ def _train(envs: Any, hp: Hyperparams, total_steps: int, n: int, seed: int, prog
     iterations = total_steps // (T * n)
 
     running_return = np.zeros(n)
-    recent: deque[float] = deque(maxlen=hp.return_window)
-    history: list[tuple[int, float]] = []
-    best_avg, step_at_target, episodes, valid_rows = -np.inf, None, 0, 0
+    valid_rows = 0
 
     envs.reset(seed=seed)
     steps = 0
-    start = time.perf_counter()
+    tracker = Tracker(hp, iterations * T * n, progress)
     for iteration in range(iterations):
         if hp.anneal_lr:
             optimizer.param_groups[0]["lr"] = hp.learning_rate * (1.0 - iteration / iterations)
@@ -138,8 +133,7 @@ def _train(envs: Any, hp: Hyperparams, total_steps: int, n: int, seed: int, prog
             running_return += batch["rewards"][t]
             ended = batch["terminations"][t] | batch["truncations"][t]
             if ended.any():
-                recent.extend(running_return[ended].tolist())
-                episodes += int(ended.sum())
+                tracker.ended(running_return[ended])
                 running_return[ended] = 0.0
 
         # 2. Advantages: invalid rows are skipped, truncations bootstrap from the next row.
@@ -155,31 +149,8 @@ def _train(envs: Any, hp: Hyperparams, total_steps: int, n: int, seed: int, prog
                    advantages[valid], returns[valid], values[valid])
 
         # 4. Report.
-        avg = float(np.mean(recent)) if recent else float("nan")
-        history.append((steps, avg))
-        if len(recent) == recent.maxlen:
-            best_avg = max(best_avg, avg)
-            if step_at_target is None and avg >= hp.target_return:
-                step_at_target = steps
-        if progress:
-            rate = steps / (time.perf_counter() - start)
-            print(f"\rstep {steps:>8,}/{iterations * T * n:,}  avg return {avg:6.1f}  {rate:7,.0f} steps/s",
-                  end="", file=sys.stderr, flush=True)
-    wall = time.perf_counter() - start
-    if progress:
-        print(file=sys.stderr)
-    return {
-        "steps": steps,
-        "episodes": episodes,
-        "wall_time_s": wall,
-        "steps_per_s": steps / wall if wall > 0 else float("nan"),
-        "avg_return": float(np.mean(recent)) if recent else float("nan"),
-        "best_avg_return": float(best_avg),
-        "step_at_target": step_at_target,
-        "valid_fraction": valid_rows / steps if steps else float("nan"),
-        "history": history,
-        "hyperparams": asdict(hp),
-    }
+        tracker.update_done(steps)
+    return tracker.result(steps, valid_fraction=valid_rows / steps if steps else float("nan"))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -46,6 +46,17 @@ def split(num_envs: int, num_lanes: int) -> list[range]:
     return out
 
 
+def set_attr_payloads(name: str, values: Any, blocks: list[range]) -> list[tuple[str, list]]:
+    """``set_attr(name, values)`` as one ``(name, values of the block)`` per block: ``values``
+    is one value for every env, or a list/tuple of one per env."""
+    num_envs = blocks[-1].stop
+    if not isinstance(values, (list, tuple)):
+        values = [values] * num_envs
+    if len(values) != num_envs:
+        raise ValueError(f"set_attr({name!r}) got {len(values)} values, expected one per env ({num_envs})")
+    return [(name, list(values[b.start:b.stop])) for b in blocks]
+
+
 class WorkerPool:
     """Worker processes stepping blocks of envs in one shared-memory segment.
 

@@ -44,7 +44,7 @@ from shmvec.actions import ActionBatch
 from shmvec.errors import ActorDied, ClosedError, ShmVecError, StepTimeout, WorkerError
 from shmvec.infos import concat_infos
 from shmvec.layout import assemble, flatten
-from shmvec.pool import split
+from shmvec.pool import set_attr_payloads, split
 
 __all__ = ["EnvHost", "RayVecEnv"]
 
@@ -385,12 +385,8 @@ class RayVecEnv(VectorEnv):
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Set attribute ``name`` of every env: one value for all, or one per env."""
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(f"set_attr({name!r}) got {len(values)} values, expected one per env ({self.num_envs})")
-        self._each("set_attr", [(name, list(values[b.start:b.stop])) for b in self.blocks], f"set_attr({name!r})",
-                   closes_on_error=False)
+        payloads = set_attr_payloads(name, values, self.blocks)
+        self._each("set_attr", payloads, f"set_attr({name!r})", closes_on_error=False)
 
     def render(self) -> tuple[Any, ...]:
         """The frames rendered by every env."""

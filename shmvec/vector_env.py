@@ -17,7 +17,7 @@ from shmvec.actions import ActionBatch
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
 from shmvec.layout import assemble
-from shmvec.pool import WorkerPool, usable_cores
+from shmvec.pool import WorkerPool, set_attr_payloads, usable_cores
 from shmvec.storage import RolloutStorage, split_policy_output
 from shmvec.worker import Targets
 
@@ -278,12 +278,7 @@ class ShmVecEnv(VectorEnv):
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Set attribute ``name`` of every env: one value for all, or a list/tuple of one per env."""
-        if not isinstance(values, (list, tuple)):
-            values = [values] * self.num_envs
-        if len(values) != self.num_envs:
-            raise ValueError(f"set_attr({name!r}) got {len(values)} values, expected one per env ({self.num_envs})")
-        payloads = [(name, list(values[lane.start:lane.stop])) for lane in self._pool.lanes]
-        self._run(P.SET_ATTR, payloads, closes_on_error=False)
+        self._run(P.SET_ATTR, set_attr_payloads(name, values, self._pool.lanes), closes_on_error=False)
 
     def render(self) -> tuple[Any, ...]:
         """The frames rendered by every env (per its ``render_mode``)."""
