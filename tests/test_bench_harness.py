@@ -512,3 +512,37 @@ def test_sb3_peer_when_installed():
     r = measure(ENGINES["sb3"], spec(2), TINY, action_space())
     assert r.ok, r.reason
     assert r.workers == 2 and r.processes == 2
+
+
+def test_split_serial_steps_blocks_in_processes_and_closes():
+    from shmvec.bench.engines import CEILING
+    from shmvec.bench.serial import SplitSerial
+
+    loop = SplitSerial([small_env] * 5, 2, call_s=0.005)
+    assert [len(b) for b in loop.blocks] == [3, 2] and loop.workers == 2
+    loop.reset(seed=0)
+    assert loop.steps_per_call >= 1  # calibrated to the call time
+    loop.step(np.array([0, 1, 2, 0, 1]))
+    procs = list(loop.procs)
+    assert all(p.is_alive() for p in procs)
+    loop.close()
+    assert not any(p.is_alive() for p in procs)
+    r = measure(ENGINES[CEILING], spec(4), TINY, action_space())
+    assert r.ok and r.workers == 2, r.reason
+    # A reference, not a competitor: "ahead of every other engine" leaves it out.
+    sweep = SweepResult({}, {}, [RunResult("small", 4, "shmvec", "ok", steps_per_s=100.0),
+                                 RunResult("small", 4, "serial", "ok", steps_per_s=50.0),
+                                 RunResult("small", 4, CEILING, "ok", steps_per_s=150.0)], "", 0.0)
+    ahead = evaluate(sweep, [Target("t", "small", None, None, 1.0, strict=True)])[0]
+    assert ahead.status == "met" and ahead.ratio == pytest.approx(2.0)
+
+
+def test_split_serial_reports_a_failing_env():
+    from shmvec.bench.serial import SplitSerial
+
+    def broken():
+        raise ValueError("no such env")
+
+    with pytest.raises(RuntimeError, match="ValueError: no such env"):
+        SplitSerial([broken] * 2, 2)
+    assert not [p for p in mp.active_children() if p.name == "shmvec-bench-split"]

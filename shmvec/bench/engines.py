@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from shmvec.bench.workloads import Workload
 
-__all__ = ["ENGINES", "Engine", "RunSpec", "Stepper", "VectorEnvStepper", "get_engines"]
+__all__ = ["CEILING", "ENGINES", "Engine", "RunSpec", "Stepper", "VectorEnvStepper", "get_engines"]
 
 
 @dataclass(frozen=True)
@@ -296,11 +296,21 @@ def _build_serial(spec: RunSpec) -> Stepper:
     return _ResetSeedStepper(SerialLoop(spec.env_fns()), 1)
 
 
+def _build_split_serial(spec: RunSpec) -> Stepper:
+    from shmvec.bench.serial import SplitSerial
+
+    return SplitSerial(spec.env_fns(), spec.num_workers)  # a Stepper itself: steps_per_call varies
+
+
 def _envpool_supports(workload: Workload) -> str | None:
     return None if workload.envpool_id else "EnvPool has no such env"
 
 
 ROLLOUT_WORKLOADS = ("cartpole", "atari-like")
+
+# The key of the engine that bounds what parallel stepping can get on this machine: a reference,
+# not a competitor (targets against "every other engine" leave it out).
+CEILING = "split-serial"
 
 
 def _rollout_supports(workload: Workload) -> str | None:
@@ -403,6 +413,9 @@ ENGINES: dict[str, Engine] = {
                supports=_envpool_supports),
         Engine("serial", "serial loop", "for env in envs: env.step(a) in the calling process (reference)",
                _build_serial, _none, reference=True),
+        Engine(CEILING, "split serial", "the serial loop split over num_workers processes that never "
+               "talk while they step: the most any engine could get from these cores",
+               _build_split_serial, lambda s: min(s.num_workers, s.num_envs)),
     ]
 }
 

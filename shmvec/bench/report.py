@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from shmvec.bench.engines import CEILING
 from shmvec.bench.machine import machine_line
 from shmvec.bench.measure import RunResult, spread
 from shmvec.bench.sweep import SweepResult
@@ -109,8 +110,14 @@ def targets_table(sweep: SweepResult, targets: list[Target] | None = None) -> st
     for o in evaluate(sweep, targets):
         status = {"met": "met", "missed": "**missed**"}.get(o.status, o.status)
         detail = o.detail
-        if c is not None and o.target.peer == "serial" and o.ratio is not None:
-            detail += f" (machine ceiling {format_ratio(c[1])})"
+        t = o.target
+        if t.peer == "serial" and t.num_envs is not None and o.ratio is not None:
+            # This workload's own ceiling where measured: its serial loop split over the cores.
+            split = _ratio(sweep.rate(t.workload, t.num_envs, CEILING), sweep.rate(t.workload, t.num_envs, "serial"))
+            if split is not None:
+                detail += f" (ceiling, {sweep.engine_label(CEILING)}: {format_ratio(split)})"
+            elif c is not None:
+                detail += f" (machine ceiling {format_ratio(c[1])})"
         rows.append([o.target.text, detail, status])
     return _table(["target", "measured", "status"], "llr", rows)
 
