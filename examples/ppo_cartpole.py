@@ -324,16 +324,21 @@ def report(stats: dict[str, Any]) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cli(train_fn: Callable[..., dict[str, Any]], description: str, argv: Sequence[str] | None) -> dict[str, Any]:
+    """The command line of a PPO example: parse, train with ``train_fn``, print the report."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--total-steps", type=int, default=500_000)
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--num-workers", type=int, default=None, help="ShmVecEnv num_workers (default: the cores)")
     args = parser.parse_args(argv)
-    stats = train(args.total_steps, args.num_envs, args.seed, num_workers=args.num_workers)
+    stats = train_fn(args.total_steps, args.num_envs, args.seed, num_workers=args.num_workers)
     print(report(stats))
     return stats
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    return cli(train, __doc__, argv)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ Needs torch (``pip install 'shmvec[torch]'``).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ from gymnasium.vector import AutoresetMode
 import shmvec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling example, run from anywhere
-from ppo_cartpole import Agent, Hyperparams, MakeEnv, Tracker, ppo_update, report  # noqa: E402
+from ppo_cartpole import Agent, Hyperparams, MakeEnv, Tracker, cli, ppo_update  # noqa: E402
 
 # make_vector_env(env_fns, autoreset_mode) -> an env with reset() and rollout()
 RolloutEnvFactory = Callable[[Sequence[Callable[[], gym.Env]], AutoresetMode], Any]
@@ -154,15 +153,7 @@ def _train(envs: Any, hp: Hyperparams, total_steps: int, n: int, seed: int, prog
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--total-steps", type=int, default=500_000)
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--num-workers", type=int, default=None, help="ShmVecEnv num_workers (default: the cores)")
-    args = parser.parse_args(argv)
-    stats = train(args.total_steps, args.num_envs, args.seed, num_workers=args.num_workers)
-    print(report(stats))
-    return stats
+    return cli(train, __doc__, argv)
 
 
 if __name__ == "__main__":
