@@ -207,13 +207,22 @@ def train(
         ``step_at_target`` (first step at which the average reached ``target_return``, or
         ``None``), ``history`` (``(step, avg_return)`` after each rollout) and ``hyperparams``.
     """
+    return run(_train, AutoresetMode.SAME_STEP, total_steps, num_envs, seed, make_vector_env, num_workers,
+               progress, torch_threads, hyperparams)
+
+
+def run(loop: Callable[..., dict[str, Any]], autoreset_mode: AutoresetMode, total_steps: int, num_envs: int,
+        seed: int, make_vector_env: Callable[..., Any] | None, num_workers: int | None, progress: bool,
+        torch_threads: int, hyperparams: dict[str, Any]) -> dict[str, Any]:
+    """The set-up the PPO examples share: settings, torch threads and seed, the vector env (closed
+    at the end), then ``loop(envs, hp, total_steps, num_envs, seed, progress)``."""
     hp = Hyperparams(**hyperparams)
     torch.set_num_threads(torch_threads)
     torch.manual_seed(seed)
     make_vector_env = make_vector_env or shmvec_factory(num_workers)
-    envs = make_vector_env([MakeEnv(hp.env_id)] * num_envs, AutoresetMode.SAME_STEP)
+    envs = make_vector_env([MakeEnv(hp.env_id)] * num_envs, autoreset_mode)
     try:
-        return _train(envs, hp, total_steps, num_envs, seed, progress)
+        return loop(envs, hp, total_steps, num_envs, seed, progress)
     finally:
         envs.close()
 

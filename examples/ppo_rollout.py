@@ -37,7 +37,7 @@ from gymnasium.vector import AutoresetMode
 import shmvec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling example, run from anywhere
-from ppo_cartpole import Agent, Hyperparams, MakeEnv, Tracker, cli, ppo_update  # noqa: E402
+from ppo_cartpole import Agent, Hyperparams, Tracker, cli, ppo_update, run  # noqa: E402
 
 # make_vector_env(env_fns, autoreset_mode) -> an env with reset() and rollout()
 RolloutEnvFactory = Callable[[Sequence[Callable[[], gym.Env]], AutoresetMode], Any]
@@ -68,15 +68,6 @@ class TorchPolicy:
         torch.set_num_threads(self.threads)  # unpickled in another process: an actor
 
 
-def shmvec_factory(num_workers: int | None = None) -> RolloutEnvFactory:
-    """The default vector env: a :class:`shmvec.ShmVecEnv`."""
-
-    def make(env_fns: Sequence[Callable[[], gym.Env]], autoreset_mode: AutoresetMode) -> shmvec.ShmVecEnv:
-        return shmvec.ShmVecEnv(env_fns, num_workers=num_workers, autoreset_mode=autoreset_mode)
-
-    return make
-
-
 def train(
     total_steps: int = 500_000,
     num_envs: int = 8,
@@ -90,19 +81,13 @@ def train(
 ) -> dict[str, Any]:
     """Train PPO from rollouts and return statistics of the run.
 
-    Parameters and result as :func:`ppo_cartpole.train`, except that ``make_vector_env``
-    returns an env with ``reset`` and ``rollout`` under ``AutoresetMode.NEXT_STEP``, and the
+    Parameters and result as :func:`ppo_cartpole.train` (whose ``shmvec_factory`` is the
+    default), except that ``make_vector_env`` returns an env with ``reset`` and ``rollout``
+    under ``AutoresetMode.NEXT_STEP``, and the
     result also has ``valid_fraction`` (the share of rows that were real transitions).
     """
-    hp = Hyperparams(**hyperparams)
-    torch.set_num_threads(torch_threads)
-    torch.manual_seed(seed)
-    make_vector_env = make_vector_env or shmvec_factory(num_workers)
-    envs = make_vector_env([MakeEnv(hp.env_id)] * num_envs, AutoresetMode.NEXT_STEP)
-    try:
-        return _train(envs, hp, total_steps, num_envs, seed, progress)
-    finally:
-        envs.close()
+    return run(_train, AutoresetMode.NEXT_STEP, total_steps, num_envs, seed, make_vector_env, num_workers,
+               progress, torch_threads, hyperparams)
 
 
 def _train(envs: Any, hp: Hyperparams, total_steps: int, n: int, seed: int, progress: bool) -> dict[str, Any]:
