@@ -21,7 +21,7 @@ from shmvec.bench import cli
 from shmvec.bench.classic import ClassicSubprocVecEnv
 from shmvec.bench.engines import ENGINES, Engine, RunSpec, get_engines
 from shmvec.bench.machine import machine_info, machine_line, parallel_scaling
-from shmvec.bench.measure import RunResult, Timing, measure, spread, step_for
+from shmvec.bench.measure import RunResult, Timing, measure, measure_group, spread, step_for
 from shmvec.bench.memory import tree_memory
 from shmvec.bench.output import BEGIN, END, update_docs, write_results
 from shmvec.bench.progress import Progress, format_duration
@@ -178,6 +178,79 @@ def test_failing_engine_does_not_stop_the_sweep(monkeypatch):
     sweep = run_sweep(config, progress=False)
     assert [r.status for r in sweep.results] == ["failed", "ok", "failed", "ok"]
     assert "failed: OSError: no such thing" in full_table(sweep)
+
+
+class Logged(Recorder):
+    """A stepper that logs its name at every step call into a shared list."""
+
+    def __init__(self, name: str, log: list, fail_at_call: int | None = None) -> None:
+        super().__init__()
+        self.name, self.log, self.calls, self.fail_at_call = name, log, 0, fail_at_call
+
+    def step(self, actions):
+        self.calls += 1
+        if self.fail_at_call is not None and self.calls >= self.fail_at_call:
+            raise RuntimeError(f"{self.name} broke")
+        self.log.append(self.name)
+
+
+def named_engine(key: str, build) -> Engine:
+    return Engine(key, key, "", build, lambda s: 0)
+
+
+def test_measure_group_takes_windows_in_turn_rotating_the_order():
+    log: list[str] = []
+    steppers = {k: Logged(k, log) for k in "abc"}
+    timing = Timing(seconds=0.005, repeats=3, warmup=0.0)
+    engines = [named_engine(k, lambda s, k=k: steppers[k]) for k in "abc"]
+    results = measure_group(engines, spec(), timing, action_space(), group=7)
+    assert [r.status for r in results] == ["ok"] * 3
+    assert all(len(r.repeats) == 3 and r.group == 7 for r in results)
+    assert all(s.closed for s in steppers.values())
+    # one warm-up call each as it is built, then three rounds: abc, bca, cab
+    runs = [k for i, k in enumerate(log) if i == 0 or log[i - 1] != k]
+    assert runs == list("abc") + list("abc") + list("bca") + list("cab")
+    assert results[0].paired_with(results[1]) and not results[0].paired_with(RunResult("w", 3, "x", "ok"))
+
+
+def test_measure_group_fails_members_alone():
+    log: list[str] = []
+    good, late = Logged("good", log), Logged("late", log, fail_at_call=3)
+
+    def cannot(spec):
+        raise OSError("no such engine")
+
+    engines = [named_engine("good", lambda s: good), named_engine("cannot", cannot), named_engine("late", lambda s: late)]
+    results = measure_group(engines, spec(), Timing(seconds=0.005, repeats=3, warmup=0.0), action_space(), group=1)
+    assert [r.status for r in results] == ["ok", "failed", "failed"]
+    assert results[1].reason == "OSError: no such engine" and results[2].reason == "RuntimeError: late broke"
+    assert len(results[0].repeats) == 3 and good.closed and late.closed
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    def run(engine, repeats, group):
+        return RunResult("w", 8, engine, "ok", steps_per_s=float(np.median(repeats)), repeats=repeats, group=group)
+
+    a, b = [100.0, 60.0, 90.0], [50.0, 20.0, 60.0]  # rounds: 2x, 3x, 1.5x; medians: 90 / 50
+    paired = SweepResult({}, {}, [run("x", a, 3), run("y", b, 3)], "", 0.0)
+    apart = SweepResult({}, {}, [run("x", a, None), run("y", b, None)], "", 0.0)
+    assert paired.ratio("w", 8, "x", "y") == pytest.approx(2.0)
+    assert apart.ratio("w", 8, "x", "y") == pytest.approx(1.8)
+    assert paired.ratio("w", 8, "x", "missing") is None
+    target = Target("t", "w", 8, "y", 1.9, engine="x")
+    assert evaluate(paired, [target])[0].status == "met" and evaluate(apart, [target])[0].status == "missed"
+
+
+def test_sweep_measures_light_engines_together_and_peers_alone():
+    config = SweepConfig(workloads=["cartpole"], engines=["shmvec", "gym-async-shm", "serial"], num_envs=[3],
+                         timing=TINY, num_workers=2, probe_scaling=False)
+    sweep = run_sweep(config, progress=False)
+    runs = {r.engine: r for r in sweep.results}
+    assert [r.engine for r in sweep.results] == ["shmvec", "gym-async-shm", "serial"]  # plan order
+    assert all(r.ok for r in sweep.results), [r.reason for r in sweep.results]
+    assert runs["shmvec"].group is not None and runs["shmvec"].paired_with(runs["serial"])
+    assert runs["gym-async-shm"].group is None  # 3 processes for 2 workers: measured alone
+    assert "take their windows in turn" in render_markdown(sweep)
 
 
 def test_step_for_counts_steps():

@@ -1,4 +1,10 @@
-"""Time one (workload, num_envs, engine): build, reset, warm up, step for a fixed wall time."""
+"""Time engines on one (workload, num_envs): build, reset, warm up, step for fixed wall-time windows.
+
+Engines measured together take their windows in turn (round-robin), so that a change in the
+machine's speed during the cell (a busy neighbour on a shared host) hits each of them alike:
+window ``r`` of every engine ran in round ``r``, and ratios between them can be taken round by
+round (:meth:`RunResult.paired_with`).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +23,7 @@ import numpy as np
 from shmvec.bench.engines import Engine, RunSpec, Stepper
 from shmvec.bench.memory import tree_memory
 
-__all__ = ["RunResult", "Timing", "make_actions", "measure", "step_for"]
+__all__ = ["RunResult", "Timing", "make_actions", "measure", "measure_group", "step_for"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,13 @@ class RunResult:
     pss_mb: float | None = None
     base_rss_mb: float | None = None  # the same, measured just before the engine was built
     base_pss_mb: float | None = None
+    # Runs measured round-robin share a group number; their ``repeats`` line up round by round.
+    group: int | None = None
+
+    def paired_with(self, other: RunResult) -> bool:
+        """Whether window ``r`` of this run and of ``other`` ran in the same round."""
+        return (self.group is not None and self.group == other.group
+                and len(self.repeats) == len(other.repeats) > 0)
 
     def added_mb(self, kind: str = "pss") -> float | None:
         """Memory the engine added: the tree's total at the end less the total before it was built.
@@ -146,44 +159,85 @@ def measure(engine: Engine, spec: RunSpec, timing: Timing, single_action_space: 
     ``"failed"`` result carrying its message instead of ending the sweep; ``KeyboardInterrupt``
     still closes the engine and propagates.
     """
-    result = RunResult(spec.workload.key, spec.num_envs, engine.key, status="failed")
-    stepper: Stepper | None = None
+    return measure_group([engine], spec, timing, single_action_space, timeout)[0]
+
+
+def measure_group(engines: list[Engine], spec: RunSpec, timing: Timing, single_action_space: Any,
+                  timeout: float | None = None, group: int | None = None) -> list[RunResult]:
+    """Build every engine for ``spec``, then time them in turn: ``timing.repeats`` rounds of one
+    window each (the order rotating every round, so none is always first).
+
+    Each engine's memory is read after its warm-up (at least one ``step`` call, so buffers a
+    first call allocates count), less the tree's memory just before it was built: the engines
+    built before it are in both figures. A failure (or a hang past ``timeout`` seconds in one
+    build or one window) fails that engine alone: it is closed and the others go on. Every
+    engine is closed at the end; ``KeyboardInterrupt`` closes them all and propagates.
+    """
+    results = [RunResult(spec.workload.key, spec.num_envs, e.key, status="failed", group=group) for e in engines]
+    steppers: list[Stepper | None] = [None] * len(engines)
+
+    def fail(i: int, exc: BaseException) -> None:
+        results[i].status, results[i].reason = "failed", _one_line(exc)
+        _close(steppers[i], results[i], timeout)
+        steppers[i] = None
+
     try:
-        with deadline(timeout):
-            actions = make_actions(single_action_space, spec.num_envs, spec.seed)
-            base = tree_memory()
-            result.base_rss_mb, result.base_pss_mb = base.rss_mb, base.pss_mb
-            t0 = time.perf_counter()
-            stepper = engine.build(spec)
-            stepper.reset(spec.seed)
-            result.setup_s = time.perf_counter() - t0
-            result.workers = stepper.workers
-            result.processes = engine.processes(spec)
-            if timing.warmup > 0:
-                step_for(stepper, actions, timing.warmup, min_steps=1)
-            rates = []
-            for _ in range(timing.repeats):
-                steps, elapsed = step_for(stepper, actions, timing.seconds)
-                result.vector_steps += steps
-                rates.append(spec.num_envs * steps / elapsed)
-            mem = tree_memory()
-            result.rss_mb, result.pss_mb = mem.rss_mb, mem.pss_mb
-            result.repeats = rates
-            result.steps_per_s = statistics.median(rates)
-            result.status = "ok"
+        actions = make_actions(single_action_space, spec.num_envs, spec.seed)
     except Exception as exc:
-        result.status, result.reason = "failed", _one_line(exc)
-    finally:
-        if stepper is not None:
+        for result in results:
+            result.reason = f"no actions to step with: {_one_line(exc)}"
+        return results
+    try:
+        for i, engine in enumerate(engines):
+            result = results[i]
             try:
-                with deadline(None if timeout is None else 30.0):
-                    stepper.close()
+                with deadline(timeout):
+                    base = tree_memory()
+                    result.base_rss_mb, result.base_pss_mb = base.rss_mb, base.pss_mb
+                    t0 = time.perf_counter()
+                    steppers[i] = engine.build(spec)
+                    steppers[i].reset(spec.seed)
+                    result.setup_s = time.perf_counter() - t0
+                    result.workers = steppers[i].workers
+                    result.processes = engine.processes(spec)
+                    step_for(steppers[i], actions, timing.warmup, min_steps=1)
+                    mem = tree_memory()
+                    result.rss_mb, result.pss_mb = mem.rss_mb, mem.pss_mb
             except Exception as exc:
-                if result.ok:
-                    result.status, result.reason = "failed", f"close: {_one_line(exc)}"
-        del stepper
-        gc.collect()  # free this engine's buffers before the next one is measured
-    return result
+                fail(i, exc)
+        for r in range(timing.repeats):
+            live = [i for i, s in enumerate(steppers) if s is not None]
+            turn = r % len(live) if live else 0
+            for i in live[turn:] + live[:turn]:
+                try:
+                    with deadline(timeout):
+                        steps, elapsed = step_for(steppers[i], actions, timing.seconds)
+                except Exception as exc:
+                    fail(i, exc)
+                    continue
+                results[i].vector_steps += steps
+                results[i].repeats.append(spec.num_envs * steps / elapsed)
+        for i, stepper in enumerate(steppers):
+            if stepper is not None:
+                results[i].steps_per_s = statistics.median(results[i].repeats)
+                results[i].status = "ok"
+    finally:
+        for i, stepper in enumerate(steppers):
+            _close(stepper, results[i], timeout)
+        steppers.clear()
+        gc.collect()  # free these engines' buffers before the next ones are measured
+    return results
+
+
+def _close(stepper: Stepper | None, result: RunResult, timeout: float | None) -> None:
+    if stepper is None:
+        return
+    try:
+        with deadline(None if timeout is None else 30.0):
+            stepper.close()
+    except Exception as exc:
+        if result.ok:
+            result.status, result.reason = "failed", f"close: {_one_line(exc)}"
 
 
 def spread(rates: list[float]) -> float | None:

@@ -40,10 +40,6 @@ def format_ratio(x: float | None) -> str:
     return f"{x:.2f}x" if x < 10 else f"{x:.1f}x"
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b <= 0 else a / b
-
-
 def _table(header: list[str], align: str, rows: list[list[str]]) -> str:
     """A markdown table; ``align`` holds one ``l``/``r`` per column."""
     sep = ["---:" if a == "r" else "---" for a in align]
@@ -113,7 +109,7 @@ def targets_table(sweep: SweepResult, targets: list[Target] | None = None) -> st
         t = o.target
         if t.peer == "serial" and t.num_envs is not None and o.ratio is not None:
             # This workload's own ceiling where measured: its serial loop split over the cores.
-            split = _ratio(sweep.rate(t.workload, t.num_envs, CEILING), sweep.rate(t.workload, t.num_envs, "serial"))
+            split = sweep.ratio(t.workload, t.num_envs, CEILING, "serial")
             if split is not None:
                 detail += f" (ceiling, {sweep.engine_label(CEILING)}: {format_ratio(split)})"
             elif c is not None:
@@ -133,7 +129,7 @@ def summary_table(sweep: SweepResult) -> str:
             mine = sweep.rate(w, n, ENGINE)
             row = [sweep.workload_label(w), str(n), format_rate(mine) if mine else _cell_note(sweep, w, n, ENGINE)]
             for p in peers:
-                ratio = _ratio(mine, sweep.rate(w, n, p))
+                ratio = sweep.ratio(w, n, ENGINE, p)
                 row.append(format_ratio(ratio) if ratio is not None else _cell_note(sweep, w, n, p))
             rows.append(row)
     return _table(header, "lrr" + "r" * len(peers), rows)
@@ -159,8 +155,6 @@ def full_table(sweep: SweepResult) -> str:
     rows = []
     for w in sweep.workloads():
         for n in sweep.sizes(w):
-            ref = sweep.rate(w, n, REFERENCE)
-            mine = sweep.rate(w, n, ENGINE)
             for e in _shown_engines(sweep):
                 r = sweep.get(w, n, e)
                 if r is None:
@@ -176,8 +170,8 @@ def full_table(sweep: SweepResult) -> str:
                 rows.append([
                     sweep.workload_label(w), str(n), label, format_rate(r.steps_per_s),
                     "" if s is None else f"±{100 * s:.0f}%",
-                    format_ratio(_ratio(r.steps_per_s, ref)),
-                    format_ratio(_ratio(mine, r.steps_per_s)),
+                    format_ratio(sweep.ratio(w, n, e, REFERENCE)),
+                    format_ratio(sweep.ratio(w, n, ENGINE, e)),
                     "" if mem is None else f"{mem:,.0f}",
                     "",
                 ])
@@ -192,13 +186,18 @@ def method_text(sweep: SweepResult) -> str:
         f"Each cell: build the engine, `reset(seed={c.get('seed', 0)})`, step {t.get('warmup')} s to warm up, "
         f"then {t.get('repeats')} window(s) of {t.get('seconds')} s stepping pre-generated random valid actions; "
         "steps/s = num_envs x vector steps / elapsed, the median of the windows (spread: half their range). "
+        f"The engines that start at most {c.get('num_workers')} processes (shmvec's modes, the serial loop, split "
+        "serial, gym Sync, EnvPool) are built together at each size and take their windows in turn, one round "
+        "after another (the order rotating), so a change in the machine's speed hits them alike; a ratio "
+        "between two of them is the median of its per-round ratios. The process-per-env peers run after them, "
+        "one at a time. "
         f"shmvec: `num_workers={c.get('num_workers')}` (the usable cores), the calling process stepping one block; "
         "gym Async, classic and SB3 Subproc: one process per env (as their docs advise); "
         f"engines that would start more than {c.get('max_procs')} processes are skipped at that size. "
         "x serial: steps/s over the serial loop's (one process, no vector env) in the same run; "
         "shmvec speedup: shmvec's steps/s over that engine's, same run (> 1: shmvec is faster). "
-        "Memory added: the PSS of the benchmark process and all its children at the end of the run, "
-        "less the same just before the engine was built (what the engine itself costs)."
+        "Memory added: the PSS of the benchmark process and all its children after the engine's warm-up, "
+        "less the same just before it was built (what the engine itself costs)."
     )
 
 

@@ -1,16 +1,24 @@
-"""Plan and run a sweep: every (workload, num_envs, engine), one at a time, with caps and skips."""
+"""Plan and run a sweep: every (workload, num_envs, engine), with caps and skips.
+
+At each (workload, num_envs) the engines that start no more processes than there are workers
+(shmvec's modes, the serial references, in-process peers) are measured together, window by
+window in turn, so that the ratios between them are taken round by round; the
+process-per-env peers follow, one at a time.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import gc
+import statistics
 import time
+from itertools import groupby
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TextIO
 
 from shmvec.bench.engines import Engine, RunSpec, get_engines
 from shmvec.bench.machine import machine_info, parallel_scaling, usable_cores
-from shmvec.bench.measure import RunResult, Timing, measure
+from shmvec.bench.measure import RunResult, Timing, measure, measure_group
 from shmvec.bench.memory import available_mb
 from shmvec.bench.progress import Progress
 from shmvec.bench.workloads import Workload, get_workloads
@@ -22,6 +30,10 @@ __all__ = ["PlannedRun", "SweepConfig", "SweepResult", "plan_sweep", "run_sweep"
 MB_PER_PROCESS = 25.0
 # Set-up and tear-down time of a run, for the time estimate only.
 SETUP_S, SETUP_S_PER_PROCESS = 0.3, 0.02
+# Pause before measuring after an engine that started more processes than there are workers:
+# their exit (and the kernel reclaiming their memory) goes on for a while after close, and once
+# slowed a 2-process engine measured right after them from 1.79x to 1.45x the serial loop.
+SETTLE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +108,12 @@ class PlannedRun:
     def label(self) -> str:
         return f"{self.workload.key} N={self.num_envs} {self.engine.label}"
 
+    def interleaved(self, workers: int) -> bool:
+        """Whether this run is measured round-robin with the others of its cell: engines that start
+        at most ``workers`` processes, so that several can stay built at once."""
+        spec = RunSpec(self.workload, self.num_envs, workers, 0)
+        return self.engine.processes(spec) <= workers
+
 
 def plan_sweep(config: SweepConfig) -> list[PlannedRun]:
     """Every cell of the sweep in run order, with the skips decided up front."""
@@ -143,6 +161,19 @@ class SweepResult:
         r = self.get(workload, num_envs, engine)
         return r.steps_per_s if r is not None and r.ok else None
 
+    def ratio(self, workload: str, num_envs: int, engine: str, peer: str) -> float | None:
+        """``engine``'s steps/s over ``peer``'s, or ``None`` unless both ran.
+
+        For runs measured round-robin, the median of the per-round ratios (each from two windows
+        that ran moments apart); otherwise the ratio of the medians.
+        """
+        a, b = self.get(workload, num_envs, engine), self.get(workload, num_envs, peer)
+        if a is None or b is None or not a.ok or not b.ok or not b.steps_per_s:
+            return None
+        if a.paired_with(b) and all(y > 0 for y in b.repeats):
+            return statistics.median(x / y for x, y in zip(a.repeats, b.repeats))
+        return a.steps_per_s / b.steps_per_s
+
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(r.workload for r in self.results))
 
@@ -188,10 +219,12 @@ def _action_space(workload: Workload) -> Any:
 
 def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | None = None,
               plan: list[PlannedRun] | None = None) -> SweepResult:
-    """Measure every cell of ``config`` one after the other and return the results.
+    """Measure every cell of ``config`` and return the results, in plan order.
 
-    Nothing is measured concurrently: each engine is closed (its processes gone, its memory
-    freed) before the next one is built.
+    Nothing steps concurrently. At each (workload, num_envs) the engines that start at most
+    ``num_workers`` processes are built together and take their windows in turn
+    (:func:`~shmvec.bench.measure.measure_group`); each process-per-env peer is then built,
+    measured and closed alone, after a pause that lets the previous one's processes go.
     """
     plan = plan_sweep(config) if plan is None else plan
     started = dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -208,32 +241,52 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
 
     spaces: dict[str, Any] = {}
     probed: set[str] = set()
-    results: list[RunResult] = []
+    results: dict[int, RunResult] = {}
+    settle = False  # the last run started more processes than there are workers
+    workers = config.workers()
     # Everything alive now (numpy, gymnasium, torch once SB3 was checked) is frozen out of the
     # collector: the gc.collect() after each run then takes microseconds instead of ~0.1 s.
     gc.collect()
     gc.freeze()
     try:
-        for p in plan:
-            if p.skip is not None:
-                results.append(RunResult(p.workload.key, p.num_envs, p.engine.key, "skipped", p.skip))
+        indexed = list(enumerate(plan))
+        for (workload, n), cell in groupby(indexed, key=lambda ip: (ip[1].workload, ip[1].num_envs)):
+            cell = list(cell)
+            for i, p in cell:
+                if p.skip is not None:
+                    results[i] = RunResult(p.workload.key, p.num_envs, p.engine.key, "skipped", p.skip)
+            todo = [(i, p) for i, p in cell if p.skip is None]
+            if not todo:
                 continue
-            if p.workload.key not in probed:
-                probed.add(p.workload.key)
+            if workload.key not in probed:
+                probed.add(workload.key)
                 probe()
-            bar.show(p.label)
-            spec = RunSpec(p.workload, p.num_envs, config.workers(), config.seed)
             try:
-                if p.workload.key not in spaces:
-                    spaces[p.workload.key] = _action_space(p.workload)
+                if workload.key not in spaces:
+                    spaces[workload.key] = _action_space(workload)
             except Exception as exc:
-                results.append(RunResult(p.workload.key, p.num_envs, p.engine.key, "failed",
-                                         f"the workload's env cannot be built: {type(exc).__name__}: {exc}"))
-                bar.advance()
+                for i, p in todo:
+                    results[i] = RunResult(p.workload.key, p.num_envs, p.engine.key, "failed",
+                                           f"the workload's env cannot be built: {type(exc).__name__}: {exc}")
+                    bar.advance()
                 continue
-            timeout = config.run_timeout or 60.0 + 10.0 * p.estimate_s
-            results.append(measure(p.engine, spec, config.timing, spaces[p.workload.key], timeout=timeout))
-            bar.advance()
+            spec = RunSpec(workload, n, workers, config.seed)
+            together = [(i, p) for i, p in todo if p.interleaved(workers)]
+            alone = [(i, p) for i, p in todo if not p.interleaved(workers)]
+            batches = ([together] if together else []) + [[ip] for ip in alone]
+            for batch in batches:
+                if settle:
+                    time.sleep(SETTLE_S)
+                names = ", ".join(p.engine.label for _, p in batch)
+                bar.show(f"{workload.key} N={n} {names}")
+                timeout = config.run_timeout or 60.0 + 10.0 * max(p.estimate_s for _, p in batch)
+                group = batch[0][0] if len(batch) > 1 else None
+                measured = measure_group([p.engine for _, p in batch], spec, config.timing, spaces[workload.key],
+                                         timeout=timeout, group=group)
+                for (i, _), r in zip(batch, measured):
+                    results[i] = r
+                    bar.advance()
+                settle = any(not p.interleaved(workers) for _, p in batch)
     finally:
         gc.unfreeze()
     probe()
@@ -243,7 +296,7 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
     if samples:
         machine["parallel_scaling"] = {"processes": config.workers(), "samples": samples}
     return SweepResult(
-        machine=machine, config=config.to_dict(), results=results, started=started,
+        machine=machine, config=config.to_dict(), results=[results[i] for i in sorted(results)], started=started,
         elapsed_s=time.perf_counter() - t0,
         workload_labels={w.key: w.label for w in get_workloads(config.workloads)},
         engine_labels={e.key: e.label for e in engines},

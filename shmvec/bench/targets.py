@@ -80,11 +80,10 @@ def _check(sweep: SweepResult, t: Target) -> Outcome:
              if t.peer is None else [t.peer])
     pairs = []
     for n in sizes:
-        mine = sweep.rate(t.workload, n, t.engine)
         for peer in peers:
-            theirs = sweep.rate(t.workload, n, peer)
-            if mine is not None and theirs is not None and theirs > 0:
-                pairs.append((mine / theirs, n, peer))
+            ratio = sweep.ratio(t.workload, n, t.engine, peer)
+            if ratio is not None:
+                pairs.append((ratio, n, peer))
     if not pairs:
         why = "not measured in this run"
         r = sweep.get(t.workload, sizes[0], t.engine) if sizes else None
