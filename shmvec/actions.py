@@ -92,6 +92,7 @@ class ActionBatch:
         self.leaves = space_leaves(single_action_space, "action_space")
         self.flat = len(self.leaves) == 1 and not self.leaves[0].path
         self.checks = [action_checker(leaf) if validate else None for leaf in self.leaves]
+        self._shapes: dict[int, list[tuple[int, ...]]] = {}  # n -> the expected shape of each leaf
 
     def leaf_arrays(self, actions: Any, n: int) -> list[np.ndarray]:
         """The ``[n, ...]`` array of each leaf, in leaf order; ``ValueError`` naming the leaf, what was
@@ -105,10 +106,13 @@ class ActionBatch:
                 raise ValueError(
                     f"actions do not match action_space {self.space} (per env): {type(exc).__name__}: {exc}"
                 ) from None
+        shapes = self._shapes.get(n)
+        if shapes is None:
+            shapes = self._shapes[n] = [(n, *leaf.shape) for leaf in self.leaves]
         out = []
-        for leaf, check, part in zip(self.leaves, self.checks, parts):
-            a = np.asarray(part)
-            if a.shape != (n, *leaf.shape):
+        for leaf, check, part, shape in zip(self.leaves, self.checks, parts, shapes):
+            a = part if type(part) is np.ndarray else np.asarray(part)
+            if a.shape != shape:
                 raise ValueError(
                     f"actions{leaf.field} have shape {a.shape}, expected {(n, *leaf.shape)} "
                     f"({n} envs, single_action_space{leaf.field}={leaf.space})"

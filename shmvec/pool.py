@@ -226,6 +226,8 @@ class WorkerPool:
         self._done_col = self.ctrl[: self.num_procs, P.DONE]
         self._target = [0] * self.num_procs  # the sequence number each lane must reach
         self._cmd = [0] * self.num_procs  # the command each lane was last given
+        self._all_procs = list(range(self.num_procs))
+        self._all_seq: int | None = None  # set while every lane's target is this one number
 
     @staticmethod
     def _check_spaces(start: int, o: Any, a: Any, obs_space: Any, act_space: Any) -> None:
@@ -275,6 +277,7 @@ class WorkerPool:
         line = self.ctrl[w]
         line[P.GO] = line[P.DONE] = self._target[w] = self.seq
         line[P.SLEEPING] = 0
+        self._all_seq = None
         self._start_worker(w)
         deadline = self._deadline()
         _, o, a, *_ = self._recv_spaces(w, deadline)
@@ -348,7 +351,9 @@ class WorkerPool:
         fence()
         if len(procs) == self.num_procs:
             ctrl[: self.num_procs, P.GO] = seq
+            self._all_seq = seq
         else:
+            self._all_seq = None
             for w in procs:
                 ctrl[w, P.GO] = seq
         fence()
@@ -385,8 +390,8 @@ class WorkerPool:
 
         # The spin polls a cheaper test in the common case: every worker, one sequence number.
         quick = ready
-        if count >= len(procs) == self.num_procs and len(set(target[w] for w in procs)) == 1:
-            seq = target[procs[0]]
+        seq = self._all_seq
+        if count >= len(procs) == self.num_procs and seq is not None:
             if self.num_procs == 1:
                 def quick() -> bool:
                     return done_col[0] == seq
@@ -487,7 +492,7 @@ class WorkerPool:
         """
         if timeout == -1.0:
             timeout = self.timeout
-        procs = list(range(self.num_procs)) if lanes is None else [w for w in lanes if w < self.num_procs]
+        procs = self._all_procs if lanes is None else [w for w in lanes if w < self.num_procs]
         replies: list[Any] = [None] * len(self.lanes)
         failures: dict[int, Exception] = {}
         if procs:

@@ -682,7 +682,11 @@ class ShmVecEnv(VectorEnv):
         (the regular regions, or the per-leaf ``views`` of a rollout row)."""
         checked = self._actions.leaf_arrays(actions, self.num_envs if ids is None else len(ids))
         # Written only once every leaf passed: a refused action leaves nothing half-written.
-        target = slice(None) if ids is None else slice(int(ids[0]), int(ids[-1]) + 1)
+        if ids is None:
+            for view, a in zip(self._act_views if views is None else views, checked):
+                np.copyto(view, a, casting="unsafe")
+            return
+        target = slice(int(ids[0]), int(ids[-1]) + 1)
         if ids is not None and target.stop - target.start != len(ids):
             target = ids
         for view, a in zip(self._act_views if views is None else views, checked):

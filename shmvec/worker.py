@@ -66,6 +66,9 @@ class EnvBlock:
         self.run_return = [0.0] * len(envs)
         self.run_length = [0] * len(envs)
         self._np = np
+        from shmvec import protocol
+
+        self._protocol = protocol  # imported here, not per command: run() is on the hot path
 
     def _targets(self, layout, views: dict, row: int | None) -> Targets:
         """Views of this block's slice: the regular regions (``row=None``) or rollout row ``row``,
@@ -282,8 +285,7 @@ class EnvBlock:
 
     def run(self, cmd: int, payload: Any, arg: int = 0) -> Any:
         """Execute one protocol command; return the reply (``None`` when there is none)."""
-        from shmvec import protocol as P
-
+        P = self._protocol
         if cmd == P.STEP:
             return self.step()
         if cmd == P.ROLLOUT_STEP:
