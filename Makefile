@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 
-.PHONY: test bench bench-quick bench-docs bench-micro bench-ray venv clean
+.PHONY: test bench bench-quick bench-docs bench-micro bench-ray bench-scaling venv clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,9 @@ bench-docs: $(STAMP)
 # RayVecEnv.rollout against a local ShmVecEnv.rollout (its own local Ray cluster).
 bench-ray: $(STAMP)
 	$(PY) benchmarks/ray_rollout.py --json results/ray_rollout.json
+
+bench-scaling: $(STAMP)
+	$(PY) benchmarks/scaling.py --json results/scaling.json
 
 bench-micro: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only

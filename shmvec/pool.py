@@ -46,6 +46,11 @@ def split(num_envs: int, num_lanes: int) -> list[range]:
     return out
 
 
+def main_in(lanes: list[int], num_procs: int) -> bool:
+    """Whether ``lanes`` lists the lane of the main process (the one after the worker lanes)."""
+    return bool(lanes) and max(lanes) >= num_procs
+
+
 def set_attr_payloads(name: str, values: Any, blocks: list[range]) -> list[tuple[str, list]]:
     """``set_attr(name, values)`` as one ``(name, values of the block)`` per block: ``values``
     is one value for every env, or a list/tuple of one per env."""
@@ -224,8 +229,12 @@ class WorkerPool:
         if main_envs:
             self.main_block = self._main_block(main_envs)
         self._done_col = self.ctrl[: self.num_procs, P.DONE]
-        self._target = [0] * self.num_procs  # the sequence number each lane must reach
-        self._cmd = [0] * self.num_procs  # the command each lane was last given
+        # Per lane, the main one included: the sequence number it must reach, its last command.
+        self._target = [0] * len(self.lanes)
+        self._cmd = [0] * len(self.lanes)
+        # Asynchronous rounds run the main lane's command inside submit: its (reply, failure)
+        # waits here until collect takes it.
+        self._main_result: tuple[Any, Exception | None] | None = None
         self._all_procs = list(range(self.num_procs))
         self._all_seq: int | None = None  # set while every lane's target is this one number
 
@@ -336,10 +345,18 @@ class WorkerPool:
 
     def submit(self, cmd: int, procs: list[int], payloads: list | None = None, arg: int = 0,
                fd: int | None = None) -> None:
-        """Start ``cmd`` (with argument ``arg``) on the worker lanes ``procs`` (indices of worker
-        processes); ``fd`` is a descriptor that follows each payload on the pipe."""
+        """Start ``cmd`` (with argument ``arg``) on the lanes ``procs``; ``fd`` is a descriptor
+        that follows each payload on the pipe.
+
+        Worker lanes start and run on their own. The main process's lane, if listed, runs here,
+        after the workers were started, and counts as finished until :meth:`collect` takes its
+        result (the asynchronous API; a synchronous :meth:`run` steps it itself instead).
+        """
         if self.closed or self.broken:
             raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
+        main = len(self.lanes) - 1 if self.main_block is not None and main_in(procs, self.num_procs) else None
+        if main is not None:
+            procs = [w for w in procs if w < self.num_procs]
         seq = self.seq = self.seq + 1
         ctrl, target = self.ctrl, self._target
         for w in procs:
@@ -368,17 +385,26 @@ class WorkerPool:
                         from multiprocessing.reduction import send_handle
 
                         send_handle(self.conns[w], fd, self.procs[w].pid)
+        if main is not None:
+            self._target[main], self._cmd[main] = seq, cmd
+            self._main_result = self.run_main(cmd, None if payloads is None else payloads[main], arg)
 
     def finished(self, procs: list[int]) -> list[int]:
         """The lanes among ``procs`` whose last submitted command has finished."""
-        done, target = self._done_col, self._target
-        return [w for w in procs if done[w] == target[w]]
+        done, target, n = self._done_col, self._target, self.num_procs
+        return [w for w in procs if (done[w] == target[w] if w < n else self._main_result is not None)]
 
     def wait(self, procs: list[int], count: int, timeout: float | None) -> dict[int, Exception]:
         """Spin, then block, until ``count`` lanes of ``procs`` have finished or failed.
 
-        Returns the failures (dead or timed-out workers, which count as finished).
+        Returns the failures (dead or timed-out workers, which count as finished). The main
+        lane, once submitted, has finished already.
         """
+        if main_in(procs, self.num_procs):
+            procs = [w for w in procs if w < self.num_procs]
+            count -= 1
+            if count <= 0 or not procs:
+                return {}
         done_col, target = self._done_col, self._target
         failures: dict[int, Exception] = {}
         def ready() -> bool:  # failed lanes count as finished
@@ -453,6 +479,15 @@ class WorkerPool:
         deadline = None if timeout is None else time.monotonic() + timeout
         ctrl = self.ctrl
         for w in procs:
+            if w >= self.num_procs:  # the main lane: what submit kept
+                if self._main_result is not None:
+                    reply, exc = self._main_result
+                    self._main_result = None
+                    if exc is not None:
+                        failures[w] = exc
+                    elif reply is not None:
+                        replies[w] = reply
+                continue
             status = ctrl[w, P.STATUS]
             if status == P.OK:
                 continue

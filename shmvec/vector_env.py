@@ -335,8 +335,8 @@ class ShmVecEnv(VectorEnv):
             raise ClosedError("recv() on a closed ShmVecEnv")
         pool = self._pool
         flying = [w for w, f in enumerate(self._in_flight) if f]
-        per_lane = self.num_envs // len(pool.lanes)
-        count = self.batch_size // per_lane
+        # Whole blocks: all of them in sync mode (whose blocks may differ in size by one env).
+        count = len(pool.lanes) if self.batch_size == self.num_envs else self.batch_size // len(pool.lanes[0])
         if not flying:
             raise RuntimeError("recv() with no env in flight: call send() (or async_reset()) first")
         count = min(count, len(flying))  # fewer in flight (envs held back): return what there is
@@ -385,24 +385,26 @@ class ShmVecEnv(VectorEnv):
     def _lanes_of(self, ids: np.ndarray) -> list[int]:
         """The idle lanes that ``ids`` covers exactly, or a ValueError saying what is expected."""
         lanes = self._pool.lanes
-        per_lane = self.num_envs // len(lanes)
         expected = self._last_ids
         hint = ("the env_ids returned by the last recv()" if expected is not None
                 else "env ids of whole idle workers' blocks")
-        if ids.ndim != 1 or ids.size == 0 or ids.size % per_lane or ids.dtype.kind not in "iu":
+        if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
             raise ValueError(f"env_ids must be a 1-d integer array of {hint}; got {ids!r:.120}")
-        blocks = ids.reshape(-1, per_lane)
-        out = []
-        for block in blocks:
-            w = int(block[0]) // per_lane
-            if not (0 <= w < len(lanes)) or not np.array_equal(block, np.arange(lanes[w].start, lanes[w].stop)):
-                raise ValueError(f"env_ids must be {hint} (whole blocks of {per_lane} envs); got {ids!r:.120}")
+        starts = {lane.start: w for w, lane in enumerate(lanes)}
+        out: list[int] = []
+        pos = 0
+        while pos < ids.size:
+            w = starts.get(int(ids[pos]), -1)
+            lane = lanes[w] if w >= 0 else None
+            if lane is None or not np.array_equal(ids[pos:pos + len(lane)], np.arange(lane.start, lane.stop)):
+                raise ValueError(f"env_ids must be {hint} (whole blocks of workers' envs); got {ids!r:.120}")
+            if w in out:
+                raise ValueError(f"env_ids repeats a block: {ids!r:.120}")
             if not self._idle[w]:
-                raise ValueError(f"envs {lanes[w].start}..{lanes[w].stop - 1} are already stepping: send() takes "
+                raise ValueError(f"envs {lane.start}..{lane.stop - 1} are already stepping: send() takes "
                                  f"{hint}")
             out.append(w)
-        if len(set(out)) != len(out):
-            raise ValueError(f"env_ids repeats a block: {ids!r:.120}")
+            pos += len(lane)
         return out
 
     def _submit(self, cmd: int, lanes: list[int], payloads: list | None) -> None:
@@ -588,6 +590,8 @@ class ShmVecEnv(VectorEnv):
         ``out``, by default the regular regions)."""
         if self.closed:
             raise ClosedError("this ShmVecEnv is closed; create a new one")
+        if True in self._in_flight:  # sends not received (a sync round after send/async_reset)
+            self._drain()
         try:
             replies, failures = self._pool.run(cmd, payloads, arg=arg)
             if not failures:

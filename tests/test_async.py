@@ -72,6 +72,33 @@ def test_per_env_trajectories_match_synchronous_step(mode):
     assert len(orders) > 1  # batches really came in varying combinations
 
 
+@pytest.mark.parametrize("num_envs,num_workers", [(5, 2), (4, 1), (6, 3)])
+def test_send_recv_with_batch_size_num_envs_and_a_block_in_main(num_envs, num_workers):
+    """EnvPool's sync mode: send/recv with every env per batch while the calling process steps a
+    block (the default there); uneven blocks allowed. Trajectories equal those of step()."""
+    steps = 60
+    ref = trajectories_sync(num_envs, steps, AutoresetMode.NEXT_STEP)
+    got = {i: [] for i in range(num_envs)}
+    with shmvec.ShmVecEnv([jittery_cartpole] * num_envs, num_workers=num_workers) as envs:
+        assert envs.batch_size == num_envs and envs.worker_pids.__len__() == num_workers - 1
+        envs.async_reset(seed=3)
+        obs, *_, ids = envs.recv()
+        assert ids.tolist() == list(range(num_envs))
+        for _ in range(steps):
+            envs.send(policy(obs, ids), ids)
+            obs, rew, term, trunc, infos, ids = envs.recv()
+            for k, i in enumerate(ids):
+                got[i].append((obs[k].tobytes(), rew[k], term[k], trunc[k]))
+        with pytest.raises(ValueError, match="whole blocks"):
+            envs.send(np.zeros(num_envs - 1, np.int64), ids[1:])
+        # a synchronous step right after a send waits for it and drops its results
+        envs.send(policy(obs, ids), ids)
+        envs.step(np.zeros(num_envs, np.int64))
+        envs.send(policy(obs, ids), ids)
+        assert envs.recv()[-1].tolist() == list(range(num_envs))
+    assert got == ref
+
+
 def test_recv_returns_ready_blocks_first():
     slow = functools.partial(SlowFirstBlock)
     with shmvec.ShmVecEnv([slow] * 4, num_workers=4, batch_size=2) as envs:
@@ -182,6 +209,29 @@ def test_async_error_closes_without_restart():
             *_, ids = envs.recv()
             envs.send(np.zeros(2, dtype=np.int64), ids)
     assert envs.closed
+
+
+@pytest.mark.parametrize("on_error", ["raise", "restart"])
+def test_env_error_in_the_main_block_through_send_recv(on_error):
+    """The block the calling process steps fails inside send(); recv() reports it like a worker's."""
+    fns = [functools.partial(FaultyEnv, "raise" if i == 3 else "none", 2) for i in range(4)]
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, on_error=on_error)  # envs 2, 3 in the main process
+    envs.async_reset(seed=0)
+    *_, ids = envs.recv()
+    envs.send(np.zeros(4, dtype=np.int64), ids)
+    *_, ids = envs.recv()
+    envs.send(np.zeros(4, dtype=np.int64), ids)  # env 3's second step raises
+    if on_error == "raise":
+        with pytest.raises(shmvec.WorkerError, match="step exploded") as err:
+            envs.recv()
+        assert err.value.env_index == 3 and envs.closed
+        return
+    obs, rew, term, trunc, infos, ids = envs.recv()
+    assert infos["_restarted"].tolist() == [False, False, True, True] and trunc[2:].all()
+    assert len(envs.restarts) == 1
+    envs.send(np.zeros(4, dtype=np.int64), ids)
+    assert envs.recv()[-1].tolist() == [0, 1, 2, 3]
+    envs.close()
 
 
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])

@@ -587,6 +587,26 @@ def test_sb3_peer_when_installed():
     assert r.workers == 2 and r.processes == 2
 
 
+def test_scaling_script_runs_each_worker_count(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "scaling.py"
+    loaded = importlib.util.spec_from_file_location("scaling", path)
+    scaling = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(scaling)
+    assert scaling.default_workers(16) == [1, 2, 4, 8, 16] and scaling.default_workers(6) == [1, 2, 4, 6]
+    sweeps = scaling.main(["--workers", "1,2", "--num-envs", "4", "--seconds", "0.01", "--repeats", "2"])
+    assert set(sweeps) == {1, 2}
+    assert all(r.ok for s in sweeps.values() for r in s.results), [r.reason for s in sweeps.values() for r in s.results]
+    assert sweeps[2].get("cartpole", 4, "shmvec").paired_with(sweeps[2].get("cartpole", 4, "serial"))
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(rows) == 2 and rows[0].count("x |") >= 4 and "| - |" in rows[0]
+    with pytest.raises(SystemExit):
+        scaling.main(["--workers", "3", "--num-envs", "4"])  # 3 does not divide 4
+
+
 def test_split_serial_steps_blocks_in_processes_and_closes():
     from shmvec.bench.engines import CEILING
     from shmvec.bench.serial import SplitSerial
