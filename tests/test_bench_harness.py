@@ -207,15 +207,15 @@ def test_measure_group_takes_windows_in_turn_rotating_the_order():
     assert [r.status for r in results] == ["ok"] * 3
     assert all(len(r.repeats) == 3 and r.group == 7 for r in results)
     assert all(s.closed for s in steppers.values())
-    # one warm-up call each as it is built, then three rounds: abc, bca, cab
+    # a warm-up call each as it is built, a second warm-up in turn, then three rounds: abc, bca, cab
     runs = [k for i, k in enumerate(log) if i == 0 or log[i - 1] != k]
-    assert runs == list("abc") + list("abc") + list("bca") + list("cab")
+    assert runs == list("abc") + list("abc") + list("abc") + list("bca") + list("cab")
     assert results[0].paired_with(results[1]) and not results[0].paired_with(RunResult("w", 3, "x", "ok"))
 
 
 def test_measure_group_fails_members_alone():
     log: list[str] = []
-    good, late = Logged("good", log), Logged("late", log, fail_at_call=3)
+    good, late = Logged("good", log), Logged("late", log, fail_at_call=4)
 
     def cannot(spec):
         raise OSError("no such engine")

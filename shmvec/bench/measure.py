@@ -205,6 +205,16 @@ def measure_group(engines: list[Engine], spec: RunSpec, timing: Timing, single_a
                     result.rss_mb, result.pss_mb = mem.rss_mb, mem.pss_mb
             except Exception as exc:
                 fail(i, exc)
+        # A second, untimed warm-up in turn, once every engine is built: whatever the builds set
+        # going (memory being mapped, processes starting) settles before round 0.
+        if len(engines) > 1:
+            for i, stepper in enumerate(steppers):
+                if stepper is not None:
+                    try:
+                        with deadline(timeout):
+                            step_for(stepper, actions, timing.warmup, min_steps=1)
+                    except Exception as exc:
+                        fail(i, exc)
         for r in range(timing.repeats):
             live = [i for i, s in enumerate(steppers) if s is not None]
             turn = r % len(live) if live else 0
