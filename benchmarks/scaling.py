@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def table(sweeps: dict[int, SweepResult], num_envs: int) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     for w, sweep in sweeps.items():
         samples = sweep.machine.get("parallel_scaling", {}).get("samples") or []
-        probe = f"{sorted(samples)[len(samples) // 2]:.2f}x" if samples else "-"
+        probe = f"{statistics.median(samples):.2f}x" if samples else "-"
         cells = []
         for _, workload, engine, peer in COLUMNS:
             ratio = sweep.ratio(workload, num_envs, engine, peer)

@@ -114,7 +114,7 @@ class ActionBatch:
             a = part if type(part) is np.ndarray else np.asarray(part)
             if a.shape != shape:
                 raise ValueError(
-                    f"actions{leaf.field} have shape {a.shape}, expected {(n, *leaf.shape)} "
+                    f"actions{leaf.field} have shape {a.shape}, expected {shape} "
                     f"({n} envs, single_action_space{leaf.field}={leaf.space})"
                 )
             if check is not None:

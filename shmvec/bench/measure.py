@@ -71,7 +71,7 @@ class RunResult:
                 and len(self.repeats) == len(other.repeats) > 0)
 
     def added_mb(self, kind: str = "pss") -> float | None:
-        """Memory the engine added: the tree's total at the end less the total before it was built.
+        """Memory the engine added: the tree's total after its warm-up less the total before it was built.
 
         Independent of what the benchmark process itself has loaded (an optional peer's import
         of torch, say), which the absolute totals include.
@@ -181,6 +181,15 @@ def measure_group(engines: list[Engine], spec: RunSpec, timing: Timing, single_a
         _close(steppers[i], results[i], timeout)
         steppers[i] = None
 
+    def window(i: int, seconds: float, min_steps: int) -> tuple[int, float] | None:
+        """Step engine ``i`` for ``seconds``; on a failure or hang, fail it and return ``None``."""
+        try:
+            with deadline(timeout):
+                return step_for(steppers[i], actions, seconds, min_steps=min_steps)
+        except Exception as exc:
+            fail(i, exc)
+            return None
+
     try:
         actions = make_actions(single_action_space, spec.num_envs, spec.seed)
     except Exception as exc:
@@ -208,25 +217,17 @@ def measure_group(engines: list[Engine], spec: RunSpec, timing: Timing, single_a
         # A second, untimed warm-up in turn, once every engine is built: whatever the builds set
         # going (memory being mapped, processes starting) settles before round 0.
         if len(engines) > 1:
-            for i, stepper in enumerate(steppers):
-                if stepper is not None:
-                    try:
-                        with deadline(timeout):
-                            step_for(stepper, actions, timing.warmup, min_steps=1)
-                    except Exception as exc:
-                        fail(i, exc)
+            for i in [i for i, s in enumerate(steppers) if s is not None]:
+                window(i, timing.warmup, 1)
         for r in range(timing.repeats):
             live = [i for i, s in enumerate(steppers) if s is not None]
             turn = r % len(live) if live else 0
             for i in live[turn:] + live[:turn]:
-                try:
-                    with deadline(timeout):
-                        steps, elapsed = step_for(steppers[i], actions, timing.seconds)
-                except Exception as exc:
-                    fail(i, exc)
-                    continue
-                results[i].vector_steps += steps
-                results[i].repeats.append(spec.num_envs * steps / elapsed)
+                timed = window(i, timing.seconds, 2)
+                if timed is not None:
+                    steps, elapsed = timed
+                    results[i].vector_steps += steps
+                    results[i].repeats.append(spec.num_envs * steps / elapsed)
         for i, stepper in enumerate(steppers):
             if stepper is not None:
                 results[i].steps_per_s = statistics.median(results[i].repeats)

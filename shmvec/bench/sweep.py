@@ -12,13 +12,13 @@ import datetime as dt
 import gc
 import statistics
 import time
-from itertools import groupby
 from dataclasses import asdict, dataclass, field, replace
+from itertools import groupby
 from typing import Any, TextIO
 
 from shmvec.bench.engines import Engine, RunSpec, get_engines
 from shmvec.bench.machine import machine_info, parallel_scaling, usable_cores
-from shmvec.bench.measure import RunResult, Timing, measure, measure_group
+from shmvec.bench.measure import RunResult, Timing, measure_group
 from shmvec.bench.memory import available_mb
 from shmvec.bench.progress import Progress
 from shmvec.bench.workloads import Workload, get_workloads
@@ -272,9 +272,8 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
                 continue
             spec = RunSpec(workload, n, workers, config.seed)
             together = [(i, p) for i, p in todo if p.interleaved(workers)]
-            alone = [(i, p) for i, p in todo if not p.interleaved(workers)]
-            batches = ([together] if together else []) + [[ip] for ip in alone]
-            for batch in batches:
+            alone = [[(i, p)] for i, p in todo if not p.interleaved(workers)]
+            for batch in ([together] if together else []) + alone:
                 if settle:
                     time.sleep(SETTLE_S)
                 names = ", ".join(p.engine.label for _, p in batch)
@@ -286,7 +285,7 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
                 for (i, _), r in zip(batch, measured):
                     results[i] = r
                     bar.advance()
-                settle = any(not p.interleaved(workers) for _, p in batch)
+                settle = batch is not together
     finally:
         gc.unfreeze()
     probe()
