@@ -65,7 +65,27 @@ class WorkerDied(ShmVecError):
 
 
 class NonFiniteError(ShmVecError, ValueError):
-    """An env returned a NaN or infinite reward or observation (with ``check_finite=True``)."""
+    """An env returned a NaN or infinite reward or observation (with ``check_finite=True``).
+
+    The vector env stays usable. From :meth:`~shmvec.ShmVecEnv.recv`, the refused batch is
+    not lost: the next ``recv()`` returns it as it is (or ``send(actions, exc.env_ids)`` goes on
+    without it).
+
+    Attributes
+    ----------
+    env_index : int
+        The first env with a non-finite value.
+    env_ids : numpy.ndarray or None
+        From ``recv()``: the ids of the refused batch; ``None`` from ``step``/``reset``/``rollout``.
+    """
+
+    def __init__(self, message: str, env_index: int) -> None:
+        super().__init__(message)
+        self.env_index = env_index
+        self.env_ids: Any = None
+
+    def __reduce__(self) -> tuple:  # pickles through Ray with its attributes
+        return (type(self), (self.args[0], self.env_index), self.__dict__)
 
 
 class StepTimeout(ShmVecError, TimeoutError):

@@ -50,11 +50,17 @@ class ShmVecEnv(VectorEnv):
     num_workers : int, optional
         Number of env blocks stepped in parallel; defaults to the usable cores (at most
         ``num_envs``). With ``step_in_main`` one of them is the calling process.
-    step_in_main : bool, default True
+    batch_size : int, optional
+        Envs that :meth:`recv` hands back at a time; defaults to ``num_envs`` (synchronous
+        collection, :meth:`step` works). Smaller: asynchronous collection with
+        :meth:`send`/:meth:`recv` (``docs/async.md``); it must be a multiple of the block size
+        ``num_envs / num_workers``, and ``num_envs`` must divide by ``num_workers``.
+    step_in_main : bool, optional
         Step the last block in the calling process while the worker processes step theirs:
-        on few cores this is what beats a serial loop (no core idles in a wait). Set it to
-        ``False`` to keep every env out of the main process (an env that crashes its process
-        then cannot take yours down).
+        on few cores this is what beats a serial loop (no core idles in a wait). Defaults to
+        ``True`` when ``batch_size == num_envs``; asynchronous collection needs every block in
+        a worker (``False``, and ``True`` is refused). Set it to ``False`` to keep every env out
+        of the main process (an env that crashes its process then cannot take yours down).
     autoreset_mode : AutoresetMode or str, default NEXT_STEP
         Gymnasium's autoreset mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED``.
     copy : bool, default True
@@ -68,7 +74,8 @@ class ShmVecEnv(VectorEnv):
     validate_actions : bool, default True
         Refuse actions of the wrong shape, a non-integer dtype for discrete spaces, or values
         outside the action space (Box bounds included), with a ``ValueError``, before any
-        worker sees them. Costs a few numpy reductions per step.
+        worker sees them. Costs a few numpy reductions per step. ``False`` keeps only the
+        shape check: actions are then cast to the space's dtype as they are written.
     on_error : {"raise", "restart"}, default "raise"
         What a fault during ``step`` does. ``"raise"``: close the vector env cleanly and
         raise the error. ``"restart"``: replace the failed worker (or the main process's block)
@@ -170,6 +177,7 @@ class ShmVecEnv(VectorEnv):
         self._in_flight = [False] * lanes  # async: a command was sent, its results not received
         self._idle = [False] * lanes  # async: results received, awaiting the next send
         self._last_ids: np.ndarray | None = None
+        self._held: tuple | None = None  # async: a batch refused by check_finite, for the next recv
 
     def _check_batch_size(self, batch_size: int | None, step_in_main: bool | None) -> int:
         n, w = self.num_envs, self.num_workers
@@ -333,6 +341,10 @@ class ShmVecEnv(VectorEnv):
         """
         if self.closed:
             raise ClosedError("recv() on a closed ShmVecEnv")
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._last_ids = held[-1]
+            return held
         pool = self._pool
         flying = [w for w, f in enumerate(self._in_flight) if f]
         # Whole blocks: all of them in sync mode (whose blocks may differ in size by one env).
@@ -374,13 +386,21 @@ class ShmVecEnv(VectorEnv):
         same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(pool._cmd[w] == P.STEP for w in ready)
         infos = self._merge_infos([got.get(w) for w in ready], same_step=same_step, ids=ids)
         self._last_ids = ids
-        if self.check_finite:
-            self._check_finite(rewards=True, index=index)
         if not self.copy and contiguous:
             obs = assemble(self.single_observation_space, [v[index] for v in self._obs_readonly_leaves])
-            return (obs, self._rewards_ro[index], self._terms_ro[index], self._truncs_ro[index], infos, ids)
-        obs = assemble(self.single_observation_space, [v[index].copy() if contiguous else v[index] for v in self._obs_views])
-        return (obs, self._rewards[index].copy(), self._terms[index].copy(), self._truncs[index].copy(), infos, ids)
+            batch = (obs, self._rewards_ro[index], self._terms_ro[index], self._truncs_ro[index], infos, ids)
+        else:
+            obs = assemble(self.single_observation_space,
+                           [v[index].copy() if contiguous else v[index] for v in self._obs_views])
+            batch = (obs, self._rewards[index].copy(), self._terms[index].copy(), self._truncs[index].copy(), infos, ids)
+        if self.check_finite:
+            try:
+                self._check_finite(rewards=True, index=index)
+            except NonFiniteError as exc:
+                # Nothing is lost: the next recv() hands this batch over as it is.
+                self._held, exc.env_ids = batch, ids
+                raise
+        return batch
 
     def _lanes_of(self, ids: np.ndarray) -> list[int]:
         """The idle lanes that ``ids`` covers exactly, or a ValueError saying what is expected."""
@@ -408,6 +428,7 @@ class ShmVecEnv(VectorEnv):
         return out
 
     def _submit(self, cmd: int, lanes: list[int], payloads: list | None) -> None:
+        self._held = None
         try:
             self._pool.submit(cmd, lanes, payloads)
         except BaseException:
@@ -592,6 +613,7 @@ class ShmVecEnv(VectorEnv):
             raise ClosedError("this ShmVecEnv is closed; create a new one")
         if True in self._in_flight:  # sends not received (a sync round after send/async_reset)
             self._drain()
+        self._held = None
         try:
             replies, failures = self._pool.run(cmd, payloads, arg=arg)
             if not failures:
@@ -631,7 +653,7 @@ class ShmVecEnv(VectorEnv):
 
     def _check_finite(self, rewards: bool, index: slice | np.ndarray = slice(None), out: Targets | None = None) -> None:
         out = self._home if out is None else out
-        arrays = [("rewards", out.rewards)] if rewards else []
+        arrays = [("reward", out.rewards)] if rewards else []
         arrays += [(f"observation{leaf.field}", view) for leaf, view in zip(self._obs_leaves, out.obs)
                    if view.dtype.kind == "f"]
         envs = np.arange(self.num_envs)[index]
@@ -639,7 +661,7 @@ class ShmVecEnv(VectorEnv):
             finite = np.isfinite(arr[index])
             if not finite.all():
                 env = int(envs[np.argwhere(~finite)[0][0]])
-                raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}")
+                raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}", env)
 
     def _merge_infos(self, replies: list, same_step: bool, ids: range | np.ndarray | None = None,
                      out: Targets | None = None) -> dict[str, Any]:

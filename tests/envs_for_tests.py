@@ -127,7 +127,27 @@ class SlowEnv(gym.Env):
         return np.zeros(4, dtype=np.float32), 1.0, False, False, {}
 
 
-class TextEnv(gym.Env):
-    def __init__(self) -> None:
-        self.observation_space = spaces.Text(5)
+class VariableSizeEnv(gym.Env):
+    """Observations of a variable-size space (no fixed buffer can hold them), nested or not."""
+
+    def __init__(self, kind: str, nested: bool = False) -> None:
+        space = {
+            "Text": spaces.Text(5),
+            "Graph": spaces.Graph(node_space=spaces.Box(0.0, 1.0, shape=(2,)), edge_space=spaces.Discrete(3)),
+            "Sequence": spaces.Sequence(spaces.Discrete(4)),
+        }[kind]
+        self.observation_space = spaces.Dict({"pos": spaces.Box(0.0, 1.0, shape=(2,)), "x": space}) if nested else space
         self.action_space = spaces.Discrete(2)
+
+
+class ClosingEnv(gym.Wrapper):
+    """CartPole that leaves a file named after its index in ``marker_dir`` when it is closed."""
+
+    def __init__(self, marker_dir: str, index: int) -> None:
+        super().__init__(gym.make("CartPole-v1"))
+        self.marker = os.path.join(marker_dir, f"closed-{index}")
+
+    def close(self) -> None:
+        with open(self.marker, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        super().close()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from functools import partial
+
 import gymnasium as gym
 import numpy as np
 import pytest
-from envs_for_tests import NestedEnv, TextEnv
+from envs_for_tests import ClosingEnv, NestedEnv, VariableSizeEnv
 from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode, VectorEnv
 
@@ -164,9 +167,14 @@ def test_step_before_reset_and_after_close():
         envs.reset()
 
 
-def test_unsupported_space_is_refused_at_construction():
-    with pytest.raises(TypeError, match="observation_space of type Text"):
-        shmvec.ShmVecEnv([TextEnv] * 2, num_workers=2)
+@pytest.mark.parametrize("kind", ["Text", "Graph", "Sequence"])
+@pytest.mark.parametrize("nested", [False, True])
+def test_variable_size_spaces_are_refused_naming_the_field(kind, nested):
+    where = r"observation_space\['x'\]" if nested else "observation_space"
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(TypeError, match=f"{where} of type {kind} in shared memory"):
+        shmvec.ShmVecEnv([partial(VariableSizeEnv, kind, nested)] * 2, num_workers=2)
+    assert not [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("shmvec_")]
 
 
 def test_mismatched_spaces_are_refused():
@@ -209,10 +217,38 @@ def test_garbage_collection_closes():
         assert not p.is_alive()
 
 
+@pytest.mark.parametrize("how", ["close", "with", "gc"])
+@pytest.mark.parametrize("step_in_main", [True, False])
+def test_every_env_is_closed_once_in_its_own_process(tmp_path, how, step_in_main):
+    import gc
+
+    fns = [partial(ClosingEnv, str(tmp_path), i) for i in range(5)]
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, step_in_main=step_in_main)
+    blocks = [range(lane.start, lane.stop) for lane in envs._pool.lanes]
+    hosts = [p.pid for p in envs._pool.procs]
+    hosts += [os.getpid()] * (len(blocks) - len(hosts))  # the main process's block comes last
+    envs.reset(seed=0)
+    if how == "close":
+        envs.close()
+        envs.close()
+    elif how == "with":
+        with envs:
+            envs.step(np.zeros(5, dtype=np.int64))
+    else:
+        del envs
+        gc.collect()
+    for host, block in zip(hosts, blocks):
+        for i in block:
+            marker = tmp_path / f"closed-{i}"
+            assert marker.exists(), f"env {i} was not closed"
+            assert marker.read_text().split() == [str(host)], f"env {i}: closed by {marker.read_text()!r}"
+
+
 def test_import_is_cheap():
     import subprocess
     import sys
 
-    code = "import sys, shmvec; print('numba' in sys.modules, 'shmvec.pool' in sys.modules)"
+    code = ("import sys, shmvec; print(*(m in sys.modules for m in "
+            "('numba', 'shmvec.pool', 'ray', 'torch', 'stable_baselines3')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "False"]
+    assert out.split() == ["False"] * 5

@@ -9,7 +9,7 @@ import time
 import gymnasium as gym
 import numpy as np
 import pytest
-from envs_for_tests import FaultyEnv
+from envs_for_tests import FaultyEnv, NestedEnv
 from gymnasium.vector import AutoresetMode
 
 import shmvec
@@ -287,3 +287,86 @@ def test_async_example_runs():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("rollout ") == 2
+
+
+def nested_policy(obs):
+    """Deterministic per env (NestedEnv's Tuple action) from the env's own observation."""
+    pos = obs["pos"]
+    return ((pos[:, 0] > 0).astype(np.int64) + (pos[:, 1] > 0), np.clip(pos[:, :2], -1, 1).astype(np.float64))
+
+
+def plain(x):
+    """Nested obs / info values as comparable Python values (dtype kept)."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return tuple(plain(v) for v in x)
+    if isinstance(x, np.ndarray):
+        return (x.dtype.str, [plain(v) for v in x] if x.dtype == object else x.tolist())
+    return x
+
+
+def env_row(obs, infos, k):
+    """Env ``k``'s observation and its own info entries (``_key`` masks applied) from a batch."""
+    def info(d):
+        return {key: info(v) if isinstance(v, dict) else plain(v[k])
+                for key, v in d.items() if not key.startswith("_") and d.get("_" + key, np.ones(k + 1, bool))[k]}
+    return plain({key: obs[key][k] if not isinstance(obs[key], tuple) else tuple(o[k] for o in obs[key])
+                  for key in obs}), info(infos)
+
+
+def stats_of(envs, i):
+    return (envs.episode_returns[i], envs.episode_lengths[i], envs.episode_counts[i])
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_infos_and_episode_statistics_match_step(mode):
+    num_envs, steps = 8, 150
+    ref = {i: [] for i in range(num_envs)}
+    with shmvec.ShmVecEnv([NestedEnv] * num_envs, num_workers=2, autoreset_mode=mode) as envs:
+        obs, _ = envs.reset(seed=5)
+        for _ in range(steps):
+            obs, rew, term, trunc, infos = envs.step(nested_policy(obs))
+            for i in range(num_envs):
+                ref[i].append((env_row(obs, infos, i), rew[i], term[i], trunc[i], stats_of(envs, i)))
+    assert ref[0][-1][-1][2] > 3  # env 0 finished several episodes
+    assert sum(bool(row[0][1]) for row in ref[0]) > 20  # and had infos on many steps
+    got = {i: [] for i in range(num_envs)}
+    with shmvec.ShmVecEnv([NestedEnv] * num_envs, num_workers=4, batch_size=4, autoreset_mode=mode) as envs:
+        obs, _ = envs.reset(seed=5)
+        envs.send(nested_policy(obs), np.arange(num_envs))
+        while min(len(v) for v in got.values()) < steps:
+            obs, rew, term, trunc, infos, ids = envs.recv()
+            for k, i in enumerate(ids):
+                got[i].append((env_row(obs, infos, k), rew[k], term[k], trunc[k], stats_of(envs, i)))
+            envs.send(nested_policy(obs), ids)
+    for i in range(num_envs):
+        for t, (a, b) in enumerate(zip(got[i][:steps], ref[i])):
+            assert a == b, f"env {i} step {t}: async {a} != step {b}"
+
+
+@pytest.mark.parametrize("resume", ["recv", "send"])
+def test_check_finite_in_recv_loses_nothing(resume):
+    import pickle
+
+    fns = [functools.partial(FaultyEnv, "inf_reward" if i == 2 else "none", 3) for i in range(4)]
+    with shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2, check_finite=True) as envs:
+        envs.async_reset(seed=0)
+        steps, errors = np.zeros(4, int), 0
+        while steps.min() < 20:
+            try:
+                obs, rew, term, trunc, infos, ids = envs.recv()
+            except shmvec.NonFiniteError as exc:
+                errors += 1
+                assert exc.env_index == 2 and exc.env_ids.tolist() == [2, 3]
+                again = pickle.loads(pickle.dumps(exc))
+                assert (again.env_index, again.env_ids.tolist(), str(again)) == (2, [2, 3], str(exc))
+                if resume == "send":  # go on without the refused batch
+                    envs.send(np.zeros(2, np.int64), exc.env_ids)
+                    steps[exc.env_ids] += 1
+                    continue
+                obs, rew, term, trunc, infos, ids = envs.recv()  # the refused batch, as it was
+                assert ids.tolist() == [2, 3] and np.isinf(rew[0]) and rew[1] == 1.0
+            steps[ids] += 1
+            envs.send(np.zeros(2, np.int64), ids)
+        assert errors == 1

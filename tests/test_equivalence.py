@@ -74,17 +74,25 @@ def test_matches_sync_vector_env(make_env, num_workers, mode):
     assert ends > 50  # many episode boundaries were crossed
 
 
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+def test_thousands_of_steps(mode):
+    ends = run_both(cartpole, num_envs=7, steps=3000, mode=mode, num_workers=2)
+    assert ends > 800
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
 @pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
-@pytest.mark.parametrize("make_env", [cartpole, NestedEnv], ids=["CartPole", "Nested"])
-def test_start_methods(context, make_env):
-    ends = run_both(make_env, num_envs=5, steps=300, mode=AutoresetMode.SAME_STEP, num_workers=3,
-                    context=context)
+@pytest.mark.parametrize("make_env", [cartpole, pendulum, NestedEnv], ids=["CartPole", "Pendulum", "Nested"])
+def test_start_methods(context, make_env, mode):
+    ends = run_both(make_env, num_envs=5, steps=300, mode=mode, num_workers=3, context=context)
     assert ends > 10
 
 
+@pytest.mark.parametrize("num_workers", [1, 2])
 @pytest.mark.parametrize("step_in_main", [True, False])
-def test_all_envs_in_workers_matches_too(step_in_main):
-    run_both(NestedEnv, num_envs=4, steps=300, mode=AutoresetMode.NEXT_STEP, num_workers=2,
+def test_all_envs_in_workers_matches_too(step_in_main, num_workers):
+    # num_workers=1 with step_in_main=False: one worker process hosts every env.
+    run_both(NestedEnv, num_envs=4, steps=300, mode=AutoresetMode.NEXT_STEP, num_workers=num_workers,
              step_in_main=step_in_main)
 
 

@@ -99,7 +99,10 @@ def test_no_segment_name_exists_while_running():
 
 
 SCRIPT = r"""
-import sys, time, numpy as np
+import signal, sys, time, numpy as np
+# Started from a background job of a shell without job control, a process inherits SIGINT
+# ignored and Python installs no KeyboardInterrupt handler: give it the one a terminal user has.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 import shmvec
 from envs_for_tests import SlowEnv
@@ -151,7 +154,10 @@ def test_ctrl_c_reaches_the_user_promptly_and_leaves_nothing():
     time.sleep(0.3)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=10)
+    try:
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()  # a test that fails leaves nothing running either
     assert time.monotonic() - t0 < 3.0
     assert "KeyboardInterrupt" in err
     assert err.count("Traceback") == 1, err  # the main process's only: workers stay quiet
@@ -171,7 +177,7 @@ def test_main_process_killed_workers_exit_and_nothing_is_left():
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmvec_{proc.pid}_")]
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("context", ["fork", "forkserver", "spawn"])
 def test_clean_exit_prints_no_resource_tracker_warning(context):
     import subprocess
     import sys
@@ -255,7 +261,7 @@ def test_wrong_observation_dtype_is_refused():
 
 
 @pytest.mark.parametrize("fault, match", [("nan_obs", r"env 2 returned a non-finite observation"),
-                                          ("inf_reward", r"env 2 returned a non-finite rewards")])
+                                          ("inf_reward", r"env 2 returned a non-finite reward")])
 def test_non_finite_values_are_caught_on_request(fault, match):
     with shmvec.ShmVecEnv(faulty(4, fault, 2, at=2), num_workers=2, check_finite=True) as envs:
         envs.reset(seed=0)
