@@ -25,6 +25,9 @@ from shmvec.errors import ClosedError, StepTimeout, WorkerDied, WorkerError
 from shmvec import segment
 from shmvec.layout import Layout, RolloutLayout
 from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
+
+# Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
+SENTINEL_CHECK_S = 0.02
 from shmvec.worker import PHASES, EnvBlock, worker_main
 
 
@@ -124,6 +127,7 @@ class WorkerPool:
         self.spin = {"max": worker_spin * 1e-6, "min": min(50e-6, worker_spin * 1e-6),
                      "oversubscribed": oversubscribed}
         self._wait_policy = SpinPolicy(main_spin * 1e-6, min(50e-6, main_spin * 1e-6), oversubscribed)
+        self._next_sentinel_check = 0.0
 
         ctx = mp.get_context(context)
         self._ctx = ctx
@@ -430,9 +434,11 @@ class WorkerPool:
         if spin_until(quick, policy):
             policy.update(time.perf_counter() - t0)
             fence()
-            if count < len(procs):
+            if count < len(procs) and t0 >= self._next_sentinel_check:
                 # Some lanes are still out: a dead one must not go unnoticed just because
-                # the others keep finishing (one select on their sentinels, no waiting).
+                # the others keep finishing (one select on their sentinels, no waiting; at
+                # most every SENTINEL_CHECK_S: a syscall per recv costs more than the rest).
+                self._next_sentinel_check = t0 + SENTINEL_CHECK_S
                 late = [w for w in procs if done_col[w] != target[w]]
                 if late:
                     dead, _, _ = select.select([self.procs[w].sentinel for w in late], [], [], 0)

@@ -172,7 +172,10 @@ def test_argument_checks():
             envs.send(np.zeros(2, dtype=np.int64), ids[::-1])
         with pytest.raises(ValueError, match=r"shape \(3,\)"):
             envs.send(np.zeros(3, dtype=np.int64), ids)
-        envs.send(np.zeros(2, dtype=np.int64), ids)  # still usable
+        assert not ids.flags.writeable
+        with pytest.raises(ValueError):
+            ids[0] = 3
+        envs.send(np.zeros(2, dtype=np.int64), ids.tolist())  # still usable; a list is checked in full
         envs.recv()
         envs.recv()
         with pytest.raises(RuntimeError, match="no env in flight"):
