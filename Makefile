@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 
-.PHONY: test bench bench-quick bench-docs bench-micro bench-ray bench-scaling venv clean
+.PHONY: test bench bench-quick bench-docs bench-micro bench-ray bench-scaling bench-instructions venv clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,10 @@ bench-ray: $(STAMP)
 
 bench-scaling: $(STAMP)
 	$(PY) benchmarks/scaling.py --json results/scaling.json
+
+# Instructions per env step under valgrind's callgrind (needs valgrind): immune to a noisy machine.
+bench-instructions: $(STAMP)
+	$(PY) benchmarks/instructions.py --num-envs 8,32,128 --json results/instructions.json
 
 bench-micro: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only

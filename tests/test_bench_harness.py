@@ -10,6 +10,7 @@ import io
 import json
 import multiprocessing as mp
 import pickle
+import shutil
 import subprocess
 import sys
 import time
@@ -587,14 +588,19 @@ def test_sb3_peer_when_installed():
     assert r.workers == 2 and r.processes == 2
 
 
-def test_scaling_script_runs_each_worker_count(capsys):
+def _load_benchmark_script(name):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).parent.parent / "benchmarks" / "scaling.py"
-    loaded = importlib.util.spec_from_file_location("scaling", path)
-    scaling = importlib.util.module_from_spec(loaded)
-    loaded.loader.exec_module(scaling)
+    path = Path(__file__).parent.parent / "benchmarks" / f"{name}.py"
+    loaded = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    return module
+
+
+def test_scaling_script_runs_each_worker_count(capsys):
+    scaling = _load_benchmark_script("scaling")
     assert scaling.default_workers(16) == [1, 2, 4, 8, 16] and scaling.default_workers(6) == [1, 2, 4, 6]
     sweeps = scaling.main(["--workers", "1,2", "--num-envs", "4", "--seconds", "0.01", "--repeats", "2"])
     assert set(sweeps) == {1, 2}
@@ -639,3 +645,18 @@ def test_split_serial_reports_a_failing_env():
     with pytest.raises(RuntimeError, match="ValueError: no such env"):
         SplitSerial([broken] * 2, 2)
     assert not [p for p in mp.active_children() if p.name == "shmvec-bench-split"]
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="benchmarks/instructions.py needs valgrind")
+def test_instruction_counts_per_env_step(tmp_path, capsys):
+    instructions = _load_benchmark_script("instructions")
+    out = tmp_path / "instr.json"
+    figures = instructions.main(["--engines", "serial,shmvec", "--num-envs", "2", "--env-steps", "200",
+                                 "--json", str(out)])
+    serial, shmvec_step = figures[("cartpole", "serial", 2)], figures[("cartpole", "shmvec", 2)]
+    assert 10_000 < serial < 500_000  # a CartPole step in Python: tens of thousands of instructions
+    assert shmvec_step > serial  # the same env steps in the same process, plus the engine's own work
+    assert len(json.loads(out.read_text())) == 2
+    assert "| cartpole | 2 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # starts a worker process even at one worker: its work would not count
+        instructions.main(["--engines", "shmvec-procs"])
