@@ -25,10 +25,10 @@ from shmvec.errors import ClosedError, StepTimeout, WorkerDied, WorkerError
 from shmvec import segment
 from shmvec.layout import Layout, RolloutLayout
 from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
+from shmvec.worker import PHASES, EnvBlock, worker_main
 
 # Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
 SENTINEL_CHECK_S = 0.02
-from shmvec.worker import PHASES, EnvBlock, worker_main
 
 
 def usable_cores() -> int:

@@ -361,17 +361,14 @@ class ShmVecEnv(VectorEnv):
         try:
             failures = pool.wait(flying, count, pool.timeout)
             # Oldest submission first: a block that keeps finishing fast cannot starve the others.
+            ready = pool.finished(flying)  # in lane order; failed lanes count as finished
             if failures:
-                ready = sorted(set(pool.finished(flying)) | set(failures), key=pool._target.__getitem__)[:count]
-                ready.sort()
-                failures = {w: e for w, e in failures.items() if w in ready}
-                got, failed = pool.collect([w for w in ready if w not in failures], pool.timeout)
-                failures.update(failed)
-            else:
-                ready = pool.finished(flying)
-                if len(ready) > count:
-                    ready = sorted(sorted(ready, key=pool._target.__getitem__)[:count])
-                got, failures = pool.collect(ready, pool.timeout)
+                ready = sorted(set(ready) | set(failures))
+            if len(ready) > count:
+                ready = sorted(sorted(ready, key=pool._target.__getitem__)[:count])
+            failures = {w: e for w, e in failures.items() if w in ready}
+            got, failed = pool.collect([w for w in ready if w not in failures], pool.timeout)
+            failures.update(failed)
         except BaseException:
             self.close()
             raise
@@ -679,11 +676,10 @@ class ShmVecEnv(VectorEnv):
         arrays = [("reward", out.rewards)] if rewards else []
         arrays += [(f"observation{leaf.field}", view) for leaf, view in zip(self._obs_leaves, out.obs)
                    if view.dtype.kind == "f"]
-        envs = np.arange(self.num_envs)[index]
         for name, arr in arrays:
             finite = np.isfinite(arr[index])
             if not finite.all():
-                env = int(envs[np.argwhere(~finite)[0][0]])
+                env = int(np.arange(self.num_envs)[index][np.argwhere(~finite)[0][0]])
                 raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}", env)
 
     def _merge_infos(self, replies: list, same_step: bool, ids: range | np.ndarray | None = None,
