@@ -11,7 +11,9 @@ it, but with ``num_workers=1``: shmvec then steps its only block in the calling 
 
 Each cell runs the engine twice under callgrind, with ``A`` and ``B`` timed calls after the same
 warm-up, and reports ``(I_B - I_A) / ((B - A) * steps_per_call * num_envs)``: the instructions
-of one env step, start-up and shutdown cancelled out. Only engines that start no process at
+of one env step, start-up and shutdown cancelled out. Start-up itself varies by about +-4 million
+instructions between identical runs (addresses, hashing), so ``--env-steps`` sets how many env
+steps that is spread over: the default 40,000 keeps it near +-100 per env step. Only engines that start no process at
 one worker qualify (the serial loop, gym Sync, shmvec step, step loop and rollout): what other
 processes do, and time spent waiting, is not in a count of the calling process. The cells run
 side by side, one per core: counts do not depend on load.
@@ -87,8 +89,8 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str, int], float]:
     parser.add_argument("--workloads", default="cartpole", help="comma-separated (default: cartpole)")
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, from {ENGINES}")
     parser.add_argument("--num-envs", default="8,32", help="comma-separated sizes (default: 8,32)")
-    parser.add_argument("--env-steps", type=int, default=4000,
-                        help="env steps between the two runs of a cell (default 4000)")
+    parser.add_argument("--env-steps", type=int, default=40000,
+                        help="env steps between the two runs of a cell (default 40000)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--child", nargs=4, metavar=("ENGINE", "WORKLOAD", "N", "CALLS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
