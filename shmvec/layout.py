@@ -127,6 +127,15 @@ class Regions:
         return [views[f"{prefix}/{i}"] for i in range(count)]
 
 
+def control_lines(views: dict) -> list[memoryview]:
+    """The ``ctrl`` region as one int64 memoryview per line (workers' lines, then main's).
+
+    The hot paths poll and write single words; a memoryview item costs about a third of a
+    numpy scalar's indexing and comes back as a plain ``int``.
+    """
+    return [memoryview(line) for line in views["ctrl"]]
+
+
 @dataclass
 class Layout(Regions):
     """Byte offsets of every array in the segment.

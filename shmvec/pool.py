@@ -23,7 +23,7 @@ import numpy as np
 from shmvec import protocol as P
 from shmvec.errors import ClosedError, StepTimeout, WorkerDied, WorkerError
 from shmvec import segment
-from shmvec.layout import Layout, RolloutLayout
+from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
 from shmvec.worker import PHASES, EnvBlock, worker_main
 
@@ -117,9 +117,10 @@ class WorkerPool:
         self.rollout: tuple[RolloutLayout, int, Any] | None = None
 
         # Spinning pays only for a waiter with a core of its own. Workers wait for GO while
-        # main is between steps; main waits for DONE while the workers run.
+        # main is between steps (or, stepping a block itself, busy as they are); main waits
+        # for DONE while the workers run.
         cores = usable_cores()
-        worker_spin = 2000.0 if self.num_procs <= cores else 0.0
+        worker_spin = 2000.0 if len(self.lanes) <= cores else 0.0
         main_spin = 2000.0 if self.num_procs + 1 <= cores else 0.0
         if spin_us is not None:
             worker_spin = main_spin = float(spin_us)
@@ -224,21 +225,23 @@ class WorkerPool:
                                    with_final_obs=self.autoreset_mode == "SameStep")
         self._seg_fd, self._mmap = segment.create(self.layout.size)
         self.views = self.layout.views(self._mmap)
-        self.ctrl = self.views["ctrl"]
-        self.main_line = self.ctrl[len(self.lanes)]
+        # One int64 memoryview per control line: indexing one costs a third of a numpy scalar.
+        self.lines = control_lines(self.views)
+        self.main_line = self.lines[len(self.lanes)]
         for w in range(self.num_procs):
             self._attach(w)
         for w in range(self.num_procs):
             self._recv_ready(w, deadline)
         if main_envs:
             self.main_block = self._main_block(main_envs)
-        self._done_col = self.ctrl[: self.num_procs, P.DONE]
         # Per lane, the main one included: the sequence number it must reach, its last command.
         self._target = [0] * len(self.lanes)
         self._cmd = [0] * len(self.lanes)
-        # Asynchronous rounds run the main lane's command inside submit: its (reply, failure)
-        # waits here until collect takes it.
+        self._submitted = [0.0] * len(self.lanes)  # perf_counter() of each lane's last submission
+        # Asynchronous rounds: the main lane's command submitted but not run yet, and once
+        # wait() ran it, its (reply, failure) until collect takes it.
         self._main_result: tuple[Any, Exception | None] | None = None
+        self._main_pending: tuple[int, Any, int] | None = None  # (cmd, payload, arg)
         self._all_procs = list(range(self.num_procs))
         self._all_seq: int | None = None  # set while every lane's target is this one number
 
@@ -287,7 +290,7 @@ class WorkerPool:
         for conn in (self.conns[w], self._wake_conns[w]):
             conn.close()
         # The new worker starts from the current sequence number, with nothing pending.
-        line = self.ctrl[w]
+        line = self.lines[w]
         line[P.GO] = line[P.DONE] = self._target[w] = self.seq
         line[P.SLEEPING] = 0
         self._all_seq = None
@@ -352,9 +355,9 @@ class WorkerPool:
         """Start ``cmd`` (with argument ``arg``) on the lanes ``procs``; ``fd`` is a descriptor
         that follows each payload on the pipe.
 
-        Worker lanes start and run on their own. The main process's lane, if listed, runs here,
-        after the workers were started, and counts as finished until :meth:`collect` takes its
-        result (the asynchronous API; a synchronous :meth:`run` steps it itself instead).
+        Worker lanes start and run on their own. The main process's lane, if listed, is kept
+        for :meth:`wait` to run (the asynchronous API; a synchronous :meth:`run` steps it
+        itself instead), and its result for :meth:`collect` to take.
         """
         if self.closed or self.broken:
             raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
@@ -362,24 +365,22 @@ class WorkerPool:
         if main is not None:
             procs = [w for w in procs if w < self.num_procs]
         seq = self.seq = self.seq + 1
-        ctrl, target = self.ctrl, self._target
+        lines, target, submitted, now = self.lines, self._target, self._submitted, time.perf_counter()
         for w in procs:
-            ctrl[w, P.CMD] = cmd
-            ctrl[w, P.ARG] = arg
-            ctrl[w, P.PAYLOAD] = 1 if payloads is not None and payloads[w] is not None else 0
+            line = lines[w]
+            line[P.CMD] = cmd
+            line[P.ARG] = arg
+            line[P.PAYLOAD] = 1 if payloads is not None and payloads[w] is not None else 0
             target[w] = seq
+            submitted[w] = now
             self._cmd[w] = cmd
         fence()
-        if len(procs) == self.num_procs:
-            ctrl[: self.num_procs, P.GO] = seq
-            self._all_seq = seq
-        else:
-            self._all_seq = None
-            for w in procs:
-                ctrl[w, P.GO] = seq
+        for w in procs:
+            lines[w][P.GO] = seq
+        self._all_seq = seq if len(procs) == self.num_procs else None
         fence()
         for w in procs:
-            if ctrl[w, P.SLEEPING]:
+            if lines[w][P.SLEEPING]:
                 ring(self.wake_w[w])
         if payloads is not None:
             for w in procs:
@@ -390,31 +391,44 @@ class WorkerPool:
 
                         send_handle(self.conns[w], fd, self.procs[w].pid)
         if main is not None:
+            # Deferred to wait(): the main process steps its block while it would otherwise
+            # wait for the workers, and only then, so it keeps handing out their batches first.
             self._target[main], self._cmd[main] = seq, cmd
-            self._main_result = self.run_main(cmd, None if payloads is None else payloads[main], arg)
+            self._main_pending = (cmd, None if payloads is None else payloads[main], arg)
 
     def finished(self, procs: list[int]) -> list[int]:
         """The lanes among ``procs`` whose last submitted command has finished."""
-        done, target, n = self._done_col, self._target, self.num_procs
-        return [w for w in procs if (done[w] == target[w] if w < n else self._main_result is not None)]
+        lines, target, n = self.lines, self._target, self.num_procs
+        return [w for w in procs if (lines[w][P.DONE] == target[w] if w < n else self._main_result is not None)]
 
     def wait(self, procs: list[int], count: int, timeout: float | None) -> dict[int, Exception]:
         """Spin, then block, until ``count`` lanes of ``procs`` have finished or failed.
 
         Returns the failures (dead or timed-out workers, which count as finished). The main
-        lane, once submitted, has finished already.
+        lane's submitted command runs here, unless ``count`` worker lanes submitted before it
+        have finished already (they are what the caller gets first).
         """
+        failures: dict[int, Exception] = {}
         if main_in(procs, self.num_procs):
             procs = [w for w in procs if w < self.num_procs]
-            count -= 1
+            if self._main_pending is not None:
+                target, lines, mine = self._target, self.lines, self._target[len(self.lanes) - 1]
+                older = sum(1 for w in procs if target[w] < mine and lines[w][P.DONE] == target[w])
+                if older < count:
+                    (cmd, payload, arg), self._main_pending = self._main_pending, None
+                    self._main_result = self.run_main(cmd, payload, arg)
+                    count -= 1
+            else:
+                count -= 1
             if count <= 0 or not procs:
-                return {}
-        done_col, target = self._done_col, self._target
-        failures: dict[int, Exception] = {}
+                # The caller is served without waiting; the lanes still out are looked at anyway.
+                self._check_late(procs, failures, timeout, time.perf_counter())
+                return failures
+        lines, target, DONE = self.lines, self._target, P.DONE
         def ready() -> bool:  # failed lanes count as finished
             n = len(failures)
             for w in procs:
-                if done_col[w] == target[w] and w not in failures:
+                if lines[w][DONE] == target[w] and w not in failures:
                     n += 1
             return n >= count
 
@@ -423,50 +437,42 @@ class WorkerPool:
         seq = self._all_seq
         if count >= len(procs) == self.num_procs and seq is not None:
             if self.num_procs == 1:
+                line0 = lines[0]
+
                 def quick() -> bool:
-                    return done_col[0] == seq
+                    return line0[DONE] == seq
             else:
+                worker_lines = lines[: self.num_procs]
+
                 def quick() -> bool:
-                    return bool((done_col == seq).all())
+                    for line in worker_lines:
+                        if line[DONE] != seq:
+                            return False
+                    return True
 
         policy = self._wait_policy
         t0 = time.perf_counter()
         if spin_until(quick, policy):
             policy.update(time.perf_counter() - t0)
             fence()
-            if count < len(procs) and t0 >= self._next_sentinel_check:
-                # Some lanes are still out: a dead one must not go unnoticed just because
-                # the others keep finishing (one select on their sentinels, no waiting; at
-                # most every SENTINEL_CHECK_S: a syscall per recv costs more than the rest).
-                self._next_sentinel_check = t0 + SENTINEL_CHECK_S
-                late = [w for w in procs if done_col[w] != target[w]]
-                if late:
-                    dead, _, _ = select.select([self.procs[w].sentinel for w in late], [], [], 0)
-                    for w in late:
-                        if self.procs[w].sentinel in dead and done_col[w] != target[w]:
-                            self.procs[w].join(1.0)
-                            failures[w] = WorkerDied(w, self.procs[w].exitcode, self.lanes[w])
+            if count < len(procs):
+                self._check_late(procs, failures, timeout, t0)
             return failures
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            watch = [w for w in procs if w not in failures and done_col[w] != target[w]]
+            watch = [w for w in procs if w not in failures and lines[w][DONE] != target[w]]
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 dead = block_until(ready, self.main_line, self.done_r, [self.procs[w].sentinel for w in watch],
                                    remaining)
             except TimeoutError:
                 for w in watch:
-                    if done_col[w] != target[w]:
-                        self.procs[w].kill()
-                        self.procs[w].join(1.0)
-                        failures[w] = StepTimeout(
-                            f"worker {w} (envs {self.lanes[w].start}..{self.lanes[w].stop - 1}) did not "
-                            f"finish within timeout={timeout} s; it was stopped"
-                        )
+                    if lines[w][DONE] != target[w]:
+                        failures[w] = self._stop_overdue(w, timeout)
                 break
             for w in watch:
                 proc = self.procs[w]
-                if proc.sentinel in dead and done_col[w] != target[w]:
+                if proc.sentinel in dead and lines[w][DONE] != target[w]:
                     proc.join(1.0)
                     failures[w] = WorkerDied(w, proc.exitcode, self.lanes[w])
             if not dead or ready():
@@ -474,6 +480,39 @@ class WorkerPool:
         policy.update(time.perf_counter() - t0)
         fence()
         return failures
+
+    def _check_late(self, procs: list[int], failures: dict[int, Exception], timeout: float | None,
+                    now: float) -> None:
+        """Add to ``failures`` the worker lanes among ``procs`` still out that died or overran
+        ``timeout`` since their submission.
+
+        For waits that return while some lanes are still out: a dead or stuck one must not go
+        unnoticed just because the others keep finishing. One ``select`` on their sentinels, no
+        waiting, at most every ``SENTINEL_CHECK_S`` (a syscall per recv costs more than the rest).
+        """
+        if now < self._next_sentinel_check:
+            return
+        self._next_sentinel_check = now + SENTINEL_CHECK_S
+        lines, target = self.lines, self._target
+        late = [w for w in procs if lines[w][P.DONE] != target[w] and w not in failures]
+        if not late:
+            return
+        dead, _, _ = select.select([self.procs[w].sentinel for w in late], [], [], 0)
+        for w in late:
+            if lines[w][P.DONE] == target[w]:
+                continue
+            if self.procs[w].sentinel in dead:
+                self.procs[w].join(1.0)
+                failures[w] = WorkerDied(w, self.procs[w].exitcode, self.lanes[w])
+            elif timeout is not None and now - self._submitted[w] > timeout:
+                failures[w] = self._stop_overdue(w, timeout)
+
+    def _stop_overdue(self, w: int, timeout: float) -> StepTimeout:
+        """Kill worker ``w``, which overran ``timeout``; the failure to report."""
+        self.procs[w].kill()
+        self.procs[w].join(1.0)
+        return StepTimeout(f"worker {w} (envs {self.lanes[w].start}..{self.lanes[w].stop - 1}) did not "
+                           f"finish within timeout={timeout} s; it was stopped")
 
     def collect(self, procs: list[int], timeout: float | None) -> tuple[dict[int, Any], dict[int, Exception]]:
         """Statuses and replies of finished lanes: ``({lane: reply}, {lane: WorkerError})``.
@@ -483,7 +522,7 @@ class WorkerPool:
         replies: dict[int, Any] = {}
         failures: dict[int, Exception] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
-        ctrl = self.ctrl
+        lines = self.lines
         for w in procs:
             if w >= self.num_procs:  # the main lane: what submit kept
                 if self._main_result is not None:
@@ -494,7 +533,7 @@ class WorkerPool:
                     elif reply is not None:
                         replies[w] = reply
                 continue
-            status = ctrl[w, P.STATUS]
+            status = lines[w][P.STATUS]
             if status == P.OK:
                 continue
             phase = PHASES.get(self._cmd[w], str(self._cmd[w]))
@@ -570,6 +609,7 @@ class WorkerPool:
         if self.closed:
             return
         self.closed = True
+        self._main_pending = None  # an asynchronous main-lane command never run: nothing to stop
         if self.procs and not self.broken and self.views:
             try:
                 self.closed = False

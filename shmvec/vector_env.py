@@ -58,9 +58,11 @@ class ShmVecEnv(VectorEnv):
     step_in_main : bool, optional
         Step the last block in the calling process while the worker processes step theirs:
         on few cores this is what beats a serial loop (no core idles in a wait). Defaults to
-        ``True`` when ``batch_size == num_envs``; asynchronous collection needs every block in
-        a worker (``False``, and ``True`` is refused). Set it to ``False`` to keep every env out
-        of the main process (an env that crashes its process then cannot take yours down).
+        ``True`` when ``batch_size == num_envs``, else ``False``. With asynchronous collection
+        and ``True``, :meth:`recv` steps the calling process's block while no worker's block
+        sent before it is done: faster for cheap envs on few cores, slower for uneven ones
+        (``docs/async.md``). Set it to ``False`` to keep every env out of the main process (an
+        env that crashes its process then cannot take yours down).
     autoreset_mode : AutoresetMode or str, default NEXT_STEP
         Gymnasium's autoreset mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED``.
     copy : bool, default True
@@ -91,8 +93,8 @@ class ShmVecEnv(VectorEnv):
         ``isfinite`` pass over the batch per step. The vector env stays usable.
     spin_us : float, optional
         Microseconds a wait spins before it blocks. Default: 2000 for a waiter that has a
-        core of its own (workers: worker processes <= cores; main: worker processes + 1 <=
-        cores), else 0.
+        core of its own (workers: ``num_workers`` <= cores, the calling process counted when it
+        steps a block; main: worker processes + 1 <= cores), else 0.
     """
 
     def __init__(
@@ -189,9 +191,6 @@ class ShmVecEnv(VectorEnv):
             return n
         if not isinstance(batch_size, int) or not 0 < batch_size < n:
             raise ValueError(f"batch_size must be an int in 1..num_envs={n}, got {batch_size!r}")
-        if step_in_main:
-            raise ValueError("batch_size < num_envs (asynchronous collection) needs step_in_main=False: "
-                             "every block of envs must run in a worker of its own")
         if self.autoreset_mode is AutoresetMode.DISABLED:
             raise ValueError("asynchronous collection supports autoreset modes NEXT_STEP and SAME_STEP, not DISABLED")
         if n % w:

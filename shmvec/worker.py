@@ -350,6 +350,7 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         _, layout, autoreset_mode, spin = msg
         from multiprocessing.reduction import recv_handle
 
+        from shmvec.layout import control_lines
         from shmvec.segment import map_fd
 
         mm = map_fd(recv_handle(conn), layout.size)
@@ -358,7 +359,7 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
                          env0.action_space)
         conn.send(("ready",))
         parent = mp.parent_process()
-        _serve(block, views["ctrl"], index, conn, wake_r.fileno(), done_w.fileno(), spin,
+        _serve(block, control_lines(views), index, conn, wake_r.fileno(), done_w.fileno(), spin,
                parent.sentinel if parent is not None else None)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the main process went away: nothing to report to
@@ -368,7 +369,7 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         conn.close()
 
 
-def _serve(block: EnvBlock, ctrl, index: int, conn, wake_r: int, done_w: int, spin: dict,
+def _serve(block: EnvBlock, ctrl: list, index: int, conn, wake_r: int, done_w: int, spin: dict,
            parent_sentinel: int | None) -> None:
     from multiprocessing.reduction import recv_handle
 
@@ -376,8 +377,7 @@ def _serve(block: EnvBlock, ctrl, index: int, conn, wake_r: int, done_w: int, sp
     from shmvec.segment import map_fd
     from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
 
-    mine = ctrl[index]
-    main_line = ctrl[ctrl.shape[0] - 1]
+    mine, main_line = ctrl[index], ctrl[-1]
     policy = SpinPolicy(spin["max"], spin["min"], spin["oversubscribed"])
     watch = [parent_sentinel] if parent_sentinel is not None else []
     ppid = os.getppid()

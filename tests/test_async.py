@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import random
 import time
 
@@ -50,13 +51,16 @@ def trajectories_sync(num_envs, steps, mode):
     return out
 
 
+@pytest.mark.parametrize("step_in_main", [False, True])
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
-def test_per_env_trajectories_match_synchronous_step(mode):
+def test_per_env_trajectories_match_synchronous_step(mode, step_in_main):
     num_envs, steps = 8, 120
     ref = trajectories_sync(num_envs, steps, mode)
     got = {i: [] for i in range(num_envs)}
     orders = set()
-    with shmvec.ShmVecEnv([jittery_cartpole] * num_envs, num_workers=4, batch_size=4, autoreset_mode=mode) as envs:
+    with shmvec.ShmVecEnv([jittery_cartpole] * num_envs, num_workers=4, batch_size=4, autoreset_mode=mode,
+                          step_in_main=step_in_main) as envs:
+        assert len(envs.worker_pids) == (3 if step_in_main else 4)
         envs.async_reset(seed=3)
         was_reset = set()  # each env's first batch after async_reset holds its reset observation
         while min(len(v) for v in got.values()) < steps:
@@ -111,6 +115,58 @@ def test_recv_returns_ready_blocks_first():
         assert set(ids2.tolist()) <= {0, 1, 2, 3} and len(ids2) == 2
 
 
+def test_block_in_main_runs_ahead_of_a_slow_worker():
+    """step_in_main=True: envs 2, 3 in the calling process keep coming back while the worker's
+    block (envs 0, 1) sleeps; then the worker's block comes back as soon as it is done."""
+    with shmvec.ShmVecEnv([SlowFirstBlock] * 4, num_workers=2, batch_size=2, step_in_main=True) as envs:
+        assert len(envs.worker_pids) == 1
+        envs.reset(seed=0)
+        envs.send(np.zeros(4, dtype=np.int64), np.arange(4))
+        seen = []
+        for _ in range(5):
+            *_, ids = envs.recv()
+            seen.append(ids.tolist())
+            envs.send(np.zeros(2, dtype=np.int64), ids)
+        assert seen == [[2, 3]] * 5  # 5 main-block steps in less than the worker's one 0.2 s step
+        start = time.monotonic()
+        while True:
+            *_, ids = envs.recv()
+            if ids.tolist() == [0, 1]:
+                break
+            envs.send(np.zeros(2, dtype=np.int64), ids)
+        assert time.monotonic() - start < 0.5
+
+
+@pytest.mark.parametrize("step_in_main", [False, True])
+def test_equal_blocks_take_turns(step_in_main):
+    """Oldest submission first, the block the calling process steps included: no block starves."""
+    with shmvec.make("CartPole-v1", num_envs=6, num_workers=3, batch_size=2, step_in_main=step_in_main) as envs:
+        envs.async_reset(seed=0)
+        counts = {0: 0, 2: 0, 4: 0}
+        for _ in range(300):
+            *_, ids = envs.recv()
+            counts[int(ids[0])] += 1
+            envs.send(np.zeros(2, dtype=np.int64), ids)
+        assert min(counts.values()) >= 50, counts
+
+
+@pytest.mark.parametrize("step_in_main", [False, True])
+def test_a_hung_worker_times_out_while_the_other_blocks_keep_coming(step_in_main):
+    fns = [functools.partial(FaultyEnv, "hang" if i == 0 else "none", 5) for i in range(4)]
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2, step_in_main=step_in_main, timeout=0.5)
+    pids = envs.worker_pids
+    envs.async_reset(seed=0)
+    start = time.monotonic()
+    with pytest.raises(shmvec.StepTimeout, match="worker 0 .*timeout=0.5"):
+        while time.monotonic() - start < 20:
+            *_, ids = envs.recv()
+            envs.send(np.zeros(2, dtype=np.int64), ids)
+    assert time.monotonic() - start < 5 and envs.closed
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 class SlowFirstBlock(gym.Env):
     observation_space = gym.spaces.Box(-1, 1, (1,), np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -154,8 +210,6 @@ def test_argument_checks():
         shmvec.make("CartPole-v1", num_envs=8, num_workers=2, batch_size=2)
     with pytest.raises(ValueError, match="divisible by num_workers"):
         shmvec.make("CartPole-v1", num_envs=7, num_workers=2, batch_size=3)
-    with pytest.raises(ValueError, match="step_in_main=False"):
-        shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2, step_in_main=True)
     with pytest.raises(ValueError, match="DISABLED"):
         shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2, autoreset_mode=AutoresetMode.DISABLED)
     with shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2) as envs:
@@ -186,14 +240,16 @@ def test_argument_checks():
         assert len(envs.recv()[-1]) == 2
 
 
-def test_async_restart_on_error():
+@pytest.mark.parametrize("step_in_main", [False, True])
+def test_async_restart_on_error(step_in_main):
     fns = [functools.partial(FaultyEnv, "kill" if i == 0 else "none", 2) for i in range(4)]
-    with shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2, on_error="restart") as envs:
+    with shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2, on_error="restart", step_in_main=step_in_main) as envs:
         envs.async_reset(seed=0)
         restarted = 0
-        for _ in range(400):  # which block comes back first is up to the scheduler
-            if restarted >= 2:
-                break
+        deadline = time.monotonic() + 30
+        # Which block comes back first is up to the scheduler; a dead worker is noticed within
+        # SENTINEL_CHECK_S even while the other block keeps coming back.
+        while restarted < 2 and time.monotonic() < deadline:
             obs, rew, term, trunc, infos, ids = envs.recv()
             if "restarted" in infos:
                 assert ids.tolist() == [0, 1] and infos["_restarted"].all() and trunc.all()
@@ -202,9 +258,11 @@ def test_async_restart_on_error():
         assert restarted >= 2 and len(envs.restarts) == restarted
 
 
-def test_async_error_closes_without_restart():
+@pytest.mark.parametrize("step_in_main", [False, True])
+def test_async_error_closes_without_restart(step_in_main):
+    """Env 3 raises: in a worker, or (step_in_main) in the block the calling process steps."""
     fns = [functools.partial(FaultyEnv, "raise" if i == 3 else "none", 2) for i in range(4)]
-    envs = shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2)
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2, step_in_main=step_in_main)
     envs.reset(seed=0)
     envs.send(np.zeros(4, dtype=np.int64), np.arange(4))
     with pytest.raises(shmvec.WorkerError, match="step exploded"):
@@ -216,7 +274,7 @@ def test_async_error_closes_without_restart():
 
 @pytest.mark.parametrize("on_error", ["raise", "restart"])
 def test_env_error_in_the_main_block_through_send_recv(on_error):
-    """The block the calling process steps fails inside send(); recv() reports it like a worker's."""
+    """The block the calling process steps fails; recv() reports it like a worker's."""
     fns = [functools.partial(FaultyEnv, "raise" if i == 3 else "none", 2) for i in range(4)]
     envs = shmvec.ShmVecEnv(fns, num_workers=2, on_error=on_error)  # envs 2, 3 in the main process
     envs.async_reset(seed=0)
@@ -322,8 +380,9 @@ def stats_of(envs, i):
     return (envs.episode_returns[i], envs.episode_lengths[i], envs.episode_counts[i])
 
 
+@pytest.mark.parametrize("step_in_main", [False, True])
 @pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
-def test_infos_and_episode_statistics_match_step(mode):
+def test_infos_and_episode_statistics_match_step(mode, step_in_main):
     num_envs, steps = 8, 150
     ref = {i: [] for i in range(num_envs)}
     with shmvec.ShmVecEnv([NestedEnv] * num_envs, num_workers=2, autoreset_mode=mode) as envs:
@@ -335,7 +394,8 @@ def test_infos_and_episode_statistics_match_step(mode):
     assert ref[0][-1][-1][2] > 3  # env 0 finished several episodes
     assert sum(bool(row[0][1]) for row in ref[0]) > 20  # and had infos on many steps
     got = {i: [] for i in range(num_envs)}
-    with shmvec.ShmVecEnv([NestedEnv] * num_envs, num_workers=4, batch_size=4, autoreset_mode=mode) as envs:
+    with shmvec.ShmVecEnv([NestedEnv] * num_envs, num_workers=4, batch_size=4, autoreset_mode=mode,
+                          step_in_main=step_in_main) as envs:
         obs, _ = envs.reset(seed=5)
         envs.send(nested_policy(obs), np.arange(num_envs))
         while min(len(v) for v in got.values()) < steps:

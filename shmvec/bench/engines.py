@@ -218,12 +218,16 @@ def _build_shmvec_procs(spec: RunSpec) -> Stepper:
     return VectorEnvStepper(ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=False), workers)
 
 
-def _build_shmvec_async(spec: RunSpec) -> Stepper:
-    from shmvec.vector_env import ShmVecEnv
+def _build_shmvec_async(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
+    def build(spec: RunSpec) -> Stepper:
+        from shmvec.vector_env import ShmVecEnv
 
-    workers = min(spec.num_workers, spec.num_envs)
-    env = ShmVecEnv(spec.env_fns(), num_workers=workers, batch_size=spec.num_envs // workers)
-    return _AsyncStepper(env, workers)
+        workers = min(spec.num_workers, spec.num_envs)
+        env = ShmVecEnv(spec.env_fns(), num_workers=workers, batch_size=spec.num_envs // workers,
+                        step_in_main=step_in_main)
+        return _AsyncStepper(env, workers)
+
+    return build
 
 
 def _rollout_actions(spec: RunSpec, env: Any) -> list[Any]:
@@ -391,7 +395,10 @@ ENGINES: dict[str, Engine] = {
         Engine("shmvec-procs", "shmvec workers only", "ShmVecEnv(step_in_main=False): every block in a worker, "
                "the layout async collection uses", _build_shmvec_procs, lambda s: min(s.num_workers, s.num_envs)),
         Engine("shmvec-async", "shmvec async", "ShmVecEnv(batch_size = num_envs / num_workers): send/recv, "
-               "every block in a worker", _build_shmvec_async, lambda s: min(s.num_workers, s.num_envs)),
+               "every block in a worker", _build_shmvec_async(False), lambda s: min(s.num_workers, s.num_envs)),
+        Engine("shmvec-async-main", "shmvec async, block in main", "ShmVecEnv(batch_size = num_envs / "
+               "num_workers, step_in_main=True): send/recv, the calling process steps one block while it waits",
+               _build_shmvec_async(True), lambda s: min(s.num_workers, s.num_envs) - 1),
         Engine("shmvec-loop", "shmvec step loop", f"ShmVecEnv.step in a PPO loop copying each step into "
                f"[T={ROLLOUT_STEPS}, N] buffers", _build_shmvec_loop, lambda s: min(s.num_workers, s.num_envs) - 1,
                supports=_rollout_supports),
