@@ -252,6 +252,17 @@ def test_restart_of_the_main_process_block_and_bad_option():
     envs.close()
 
 
+@pytest.mark.parametrize("bad_env", [1, 4])  # mid-block: in the worker's block (0-2), in main's (3-5)
+def test_wrong_observation_shape_mid_block_names_that_env(bad_env):
+    """Small observations are written once per block; one that does not fit still names its env."""
+    envs = shmvec.ShmVecEnv(faulty(6, "shape", bad_env), num_workers=2)
+    envs.reset(seed=0)
+    with pytest.raises(shmvec.WorkerError, match=rf"env {bad_env} returned observation of shape \(5,\)") as err:
+        for _ in range(5):
+            envs.step(np.zeros(6, dtype=np.int64))
+    assert err.value.env_index == bad_env and envs.closed
+
+
 def test_wrong_observation_dtype_is_refused():
     envs = shmvec.ShmVecEnv(faulty(2, "dtype", 1), num_workers=2)
     envs.reset(seed=0)
