@@ -458,18 +458,23 @@ class WorkerPool:
             if count < len(procs):
                 self._check_late(procs, failures, timeout, t0)
             return failures
-        deadline = None if timeout is None else time.monotonic() + timeout
+        submitted = self._submitted
         while True:
             watch = [w for w in procs if w not in failures and lines[w][DONE] != target[w]]
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            remaining = None
+            if timeout is not None and watch:  # each lane's timeout counts from its submission
+                remaining = max(0.0, min(submitted[w] for w in watch) + timeout - time.perf_counter())
             try:
                 dead = block_until(ready, self.main_line, self.done_r, [self.procs[w].sentinel for w in watch],
                                    remaining)
             except TimeoutError:
+                now = time.perf_counter()
                 for w in watch:
-                    if lines[w][DONE] != target[w]:
+                    if lines[w][DONE] != target[w] and now - submitted[w] >= timeout - 1e-3:
                         failures[w] = self._stop_overdue(w, timeout)
-                break
+                if ready():
+                    break
+                continue
             for w in watch:
                 proc = self.procs[w]
                 if proc.sentinel in dead and lines[w][DONE] != target[w]:
@@ -477,6 +482,8 @@ class WorkerPool:
                     failures[w] = WorkerDied(w, proc.exitcode, self.lanes[w])
             if not dead or ready():
                 break
+        if count < len(procs):
+            self._check_late(procs, failures, timeout, time.perf_counter())
         policy.update(time.perf_counter() - t0)
         fence()
         return failures

@@ -59,9 +59,9 @@ class ShmVecEnv(VectorEnv):
         Step the last block in the calling process while the worker processes step theirs:
         on few cores this is what beats a serial loop (no core idles in a wait). Defaults to
         ``True`` when ``batch_size == num_envs``, else ``False``. With asynchronous collection
-        and ``True``, :meth:`recv` steps the calling process's block while no worker's block
-        sent before it is done: faster for cheap envs on few cores, slower for uneven ones
-        (``docs/async.md``). Set it to ``False`` to keep every env out of the main process (an
+        and ``True``, :meth:`recv` steps the calling process's block while fewer than a batch's
+        worth of worker blocks sent before it are done: faster for cheap envs on few cores,
+        slower for uneven ones (``docs/async.md``). Set it to ``False`` to keep every env out of the main process (an
         env that crashes its process then cannot take yours down).
     autoreset_mode : AutoresetMode or str, default NEXT_STEP
         Gymnasium's autoreset mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED``.
@@ -71,8 +71,9 @@ class ShmVecEnv(VectorEnv):
     context : str, optional
         ``multiprocessing`` start method: ``"fork"``, ``"forkserver"`` or ``"spawn"``.
     timeout : float, optional
-        Seconds any command may take before :class:`~shmvec.StepTimeout`; ``None`` waits
-        forever (a dead worker is still noticed within half a second).
+        Seconds any command may take, from when it was sent to the workers, before
+        :class:`~shmvec.StepTimeout`; ``None`` waits forever (a dead worker is still noticed
+        within half a second).
     validate_actions : bool, default True
         Refuse actions of the wrong shape, a non-integer dtype for discrete spaces, or values
         outside the action space (Box bounds included), with a ``ValueError``, before any
@@ -267,6 +268,8 @@ class ShmVecEnv(VectorEnv):
                 f"envs {ended} ended their episode and autoreset_mode is DISABLED: reset them first "
                 "with reset(options={'reset_mask': mask})"
             )
+        if True in self._in_flight:  # sends not received: their actions must not be overwritten
+            self._drain()
         self._write_actions(actions)
         self._restarted = None
         self._current_obs = self._obs_views
@@ -363,8 +366,9 @@ class ShmVecEnv(VectorEnv):
             ready = pool.finished(flying)  # in lane order; failed lanes count as finished
             if failures:
                 ready = sorted(set(ready) | set(failures))
-            if len(ready) > count:
-                ready = sorted(sorted(ready, key=pool._target.__getitem__)[:count])
+            if len(ready) > count:  # failures first (not to be lost), then oldest submission
+                target = pool._target
+                ready = sorted(sorted(ready, key=lambda w: (w not in failures, target[w]))[:count])
             failures = {w: e for w, e in failures.items() if w in ready}
             got, failed = pool.collect([w for w in ready if w not in failures], pool.timeout)
             failures.update(failed)
@@ -457,6 +461,7 @@ class ShmVecEnv(VectorEnv):
             self._in_flight[w] = True
             self._idle[w] = False
         self._last_ids = None
+        self._current_obs = self._obs_views  # where a later rollout() starts from
 
     def _drain(self) -> None:
         """Wait for every command in flight and drop its results (before a synchronous round)."""
@@ -535,6 +540,8 @@ class ShmVecEnv(VectorEnv):
             from the last step that ran).
         """
         self._check_rollout(policy, num_steps)
+        if True in self._in_flight:  # sends not received: finish them before row 0 is taken
+            self._drain()
         storage = self._storage
         if storage is None or storage.num_steps != num_steps:
             try:
