@@ -420,10 +420,17 @@ class WorkerPool:
                     count -= 1
             else:
                 count -= 1
-            if count <= 0 or not procs:
-                # The caller is served without waiting; the lanes still out are looked at anyway.
-                self._check_late(procs, failures, timeout, time.perf_counter())
-                return failures
+        if count > 0 and procs:
+            self._wait_workers(procs, count, timeout, failures)
+        if count < len(procs):
+            # The caller is served while some lanes are still out: look at those anyway.
+            self._check_late(procs, failures, timeout, time.perf_counter())
+        return failures
+
+    def _wait_workers(self, procs: list[int], count: int, timeout: float | None,
+                      failures: dict[int, Exception]) -> None:
+        """Spin, then block, until ``count`` worker lanes of ``procs`` have finished or failed
+        (the failures go into ``failures``)."""
         lines, target, DONE = self.lines, self._target, P.DONE
         def ready() -> bool:  # failed lanes count as finished
             n = len(failures)
@@ -455,9 +462,7 @@ class WorkerPool:
         if spin_until(quick, policy):
             policy.update(time.perf_counter() - t0)
             fence()
-            if count < len(procs):
-                self._check_late(procs, failures, timeout, t0)
-            return failures
+            return
         submitted = self._submitted
         while True:
             watch = [w for w in procs if w not in failures and lines[w][DONE] != target[w]]
@@ -482,11 +487,8 @@ class WorkerPool:
                     failures[w] = WorkerDied(w, proc.exitcode, self.lanes[w])
             if not dead or ready():
                 break
-        if count < len(procs):
-            self._check_late(procs, failures, timeout, time.perf_counter())
         policy.update(time.perf_counter() - t0)
         fence()
-        return failures
 
     def _check_late(self, procs: list[int], failures: dict[int, Exception], timeout: float | None,
                     now: float) -> None:

@@ -268,8 +268,7 @@ class ShmVecEnv(VectorEnv):
                 f"envs {ended} ended their episode and autoreset_mode is DISABLED: reset them first "
                 "with reset(options={'reset_mask': mask})"
             )
-        if True in self._in_flight:  # sends not received: their actions must not be overwritten
-            self._drain()
+        self._drain()  # sends not received: their actions must not be overwritten
         self._write_actions(actions)
         self._restarted = None
         self._current_obs = self._obs_views
@@ -465,9 +464,9 @@ class ShmVecEnv(VectorEnv):
 
     def _drain(self) -> None:
         """Wait for every command in flight and drop its results (before a synchronous round)."""
-        flying = [w for w, f in enumerate(self._in_flight) if f]
-        if not flying:
+        if True not in self._in_flight:  # the usual case, on the step path: no list built
             return
+        flying = [w for w, f in enumerate(self._in_flight) if f]
         pool = self._pool
         try:
             failures = pool.wait(flying, len(flying), pool.timeout)
@@ -540,8 +539,7 @@ class ShmVecEnv(VectorEnv):
             from the last step that ran).
         """
         self._check_rollout(policy, num_steps)
-        if True in self._in_flight:  # sends not received: finish them before row 0 is taken
-            self._drain()
+        self._drain()  # sends not received: finish them before row 0 is taken
         storage = self._storage
         if storage is None or storage.num_steps != num_steps:
             try:
@@ -637,8 +635,7 @@ class ShmVecEnv(VectorEnv):
         ``out``, by default the regular regions)."""
         if self.closed:
             raise ClosedError("this ShmVecEnv is closed; create a new one")
-        if True in self._in_flight:  # sends not received (a sync round after send/async_reset)
-            self._drain()
+        self._drain()  # sends not received (a sync round after send/async_reset)
         self._held = None
         try:
             replies, failures = self._pool.run(cmd, payloads, arg=arg)

@@ -396,7 +396,7 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         conn.close()
 
 
-def _serve(block: EnvBlock, ctrl: list, index: int, conn, wake_r: int, done_w: int, spin: dict,
+def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: int, spin: dict,
            parent_sentinel: int | None) -> None:
     from multiprocessing.reduction import recv_handle
 
@@ -404,7 +404,7 @@ def _serve(block: EnvBlock, ctrl: list, index: int, conn, wake_r: int, done_w: i
     from shmvec.segment import map_fd
     from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
 
-    mine, main_line = ctrl[index], ctrl[-1]
+    mine, main_line = lines[index], lines[-1]
     policy = SpinPolicy(spin["max"], spin["min"], spin["oversubscribed"])
     watch = [parent_sentinel] if parent_sentinel is not None else []
     ppid = os.getppid()
