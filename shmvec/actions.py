@@ -15,21 +15,21 @@ from shmvec.layout import Leaf, flatten, space_leaves
 
 __all__ = ["ActionBatch", "action_checker"]
 
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-# The ufunc reductions themselves: ndarray.max() adds a Python-level wrapper (~1 us a call).
-_max, _min = np.maximum.reduce, np.minimum.reduce
 
 
 def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
     """A check that raises ``ValueError`` unless a batch ``a`` holds valid samples of ``leaf.space``.
 
-    Everything about the space is worked out here, once, so that the check itself costs one or
-    two reductions per step. Scalar bounds are Python ints: comparing a numpy unsigned scalar
-    with a numpy signed one takes numpy's slow promotion path (~5 us). The offending env is
-    located only on failure.
+    Everything about the space is worked out here, once. Where one bound holds for every
+    element (Discrete, MultiBinary, a Box with uniform bounds), the check compares the batch's
+    smallest and largest values, found with ``argmin``/``argmax`` and read with ``item()``:
+    a third of the instructions of two ufunc reductions (callgrind: ~6k against ~15k per step),
+    and plain Python numbers, so no numpy type promotion between, say, uint64 and int64. The
+    offending env is located only on failure.
     """
     space = leaf.space
     where = f"actions{leaf.field}"
+    empty = 0 in leaf.shape  # then every batch is empty (a.size costs as much as argmax)
 
     def refuse(a: np.ndarray, bad: np.ndarray) -> None:
         env = int(np.argwhere(bad)[0][0])
@@ -37,10 +37,17 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
 
     if isinstance(space, gym.spaces.Box):
         box_low, box_high = space.low, space.high
+        uniform = box_low.size > 0 and bool((box_low == box_low.flat[0]).all() and (box_high == box_high.flat[0]).all())
+        lo, hi = (box_low.flat[0].item(), box_high.flat[0].item()) if uniform else (None, None)
 
         def check_box(a: np.ndarray) -> None:
             if a.dtype.kind not in "fiub":
                 raise ValueError(f"{where} have dtype {a.dtype}, expected a number type for {space}")
+            if empty:
+                return
+            # argmin/argmax land on a NaN if there is one, and NaN fails both comparisons.
+            if uniform and a.item(a.argmin()) >= lo and a.item(a.argmax()) <= hi:
+                return
             inside = (a >= box_low) & (a <= box_high)  # NaN fails both comparisons
             if not inside.all():
                 refuse(a, ~inside)
@@ -53,21 +60,19 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
         low, high = int(space.start), int(space.start + space.n)
     else:
         low, high = space.start, space.start + space.nvec
-    scalar = np.ndim(high) == 0
-    if scalar:
-        low, high = int(low), int(high)
+    low, high = np.asarray(low), np.asarray(high)
+    scalar = bool((low == low.flat[0]).all() and (high == high.flat[0]).all()) if high.size else False
+    if scalar:  # one bound for every element (MultiDiscrete with equal nvec and start too)
+        low, high = int(low.flat[0]), int(high.flat[0])
 
     def check_integers(a: np.ndarray) -> None:
         kind = a.dtype.kind
         if kind not in "iub":
             raise ValueError(f"{where} have dtype {a.dtype}, expected integers for {space}")
-        if a.size == 0:
+        if empty:
             return
-        if scalar and low == 0 and kind == "i":
-            # One reduction: negative values wrap to huge unsigned ones.
-            ok = int(_max(a.view(_UNSIGNED[a.itemsize]), axis=None)) < high
-        elif scalar:
-            ok = int(_min(a, axis=None)) >= low and int(_max(a, axis=None)) < high
+        if scalar:
+            ok = a.item(a.argmin()) >= low and a.item(a.argmax()) < high
         else:
             ok = bool(((a >= low) & (a < high)).all())
         if not ok:
@@ -95,29 +100,30 @@ class ActionBatch:
         self._shapes: dict[int, list[tuple[int, ...]]] = {}  # n -> the expected shape of each leaf
 
     def leaf_arrays(self, actions: Any, n: int) -> list[np.ndarray]:
-        """The ``[n, ...]`` array of each leaf, in leaf order; ``ValueError`` naming the leaf, what was
-        expected and the first offending env if ``actions`` does not fit the space."""
-        if self.flat:
-            parts = [actions]
-        else:
-            try:
-                parts = flatten(self.space, actions)
-            except (KeyError, IndexError, TypeError) as exc:
-                raise ValueError(
-                    f"actions do not match action_space {self.space} (per env): {type(exc).__name__}: {exc}"
-                ) from None
+        """The ``[n, ...]`` array of each leaf (``n >= 1``), in leaf order; ``ValueError`` naming the
+        leaf, what was expected and the first offending env if ``actions`` does not fit the space."""
         shapes = self._shapes.get(n)
         if shapes is None:
             shapes = self._shapes[n] = [(n, *leaf.shape) for leaf in self.leaves]
-        out = []
-        for leaf, check, part, shape in zip(self.leaves, self.checks, parts, shapes):
-            a = part if type(part) is np.ndarray else np.asarray(part)
-            if a.shape != shape:
-                raise ValueError(
-                    f"actions{leaf.field} have shape {a.shape}, expected {shape} "
-                    f"({n} envs, single_action_space{leaf.field}={leaf.space})"
-                )
-            if check is not None:
-                check(a)
-            out.append(a)
-        return out
+        if self.flat:  # the common case, on every step: no flattening, no loop
+            return [self._checked(0, actions, shapes[0])]
+        try:
+            parts = flatten(self.space, actions)
+        except (KeyError, IndexError, TypeError) as exc:
+            raise ValueError(
+                f"actions do not match action_space {self.space} (per env): {type(exc).__name__}: {exc}"
+            ) from None
+        return [self._checked(k, part, shapes[k]) for k, part in enumerate(parts)]
+
+    def _checked(self, k: int, part: Any, shape: tuple[int, ...]) -> np.ndarray:
+        a = part if type(part) is np.ndarray else np.asarray(part)
+        if a.shape != shape:
+            leaf = self.leaves[k]
+            raise ValueError(
+                f"actions{leaf.field} have shape {a.shape}, expected {shape} "
+                f"({shape[0]} envs, single_action_space{leaf.field}={leaf.space})"
+            )
+        check = self.checks[k]
+        if check is not None:
+            check(a)
+        return a

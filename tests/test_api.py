@@ -148,6 +148,45 @@ def test_box_and_nested_action_checks():
             envs.step((np.zeros(2, dtype=np.int64),))
 
 
+@pytest.mark.parametrize("space", [
+    gym.spaces.Discrete(3), gym.spaces.Discrete(4, start=-2), gym.spaces.MultiBinary(3),
+    gym.spaces.MultiDiscrete([3, 3]), gym.spaces.MultiDiscrete([2, 5], start=[1, -1]),
+    gym.spaces.Box(-1.0, 1.0, (2,), np.float32), gym.spaces.Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32)),
+    gym.spaces.Box(-np.inf, np.inf, (2,)), gym.spaces.Box(0, 10, (3,), np.int64),
+])
+def test_action_range_check_matches_an_elementwise_reference(space):
+    """The min/max shortcut refuses exactly the batches in which some element is out of range
+    (or NaN), and names the first env with one, as a plain elementwise test does."""
+    from shmvec.actions import ActionBatch
+
+    if isinstance(space, gym.spaces.Box):
+        low, high, dtypes = space.low, space.high, [np.float32, np.float64]
+        values = [low.min() - 1, high.max() + 1, np.nan, -np.inf, np.inf, 0, 1]
+    else:
+        start = getattr(space, "start", 0)
+        low = np.asarray(start)
+        high = low + (space.n if isinstance(space, gym.spaces.Discrete) else getattr(space, "nvec", 2))
+        dtypes, values = [np.int64, np.int32, np.uint64, np.uint8], [-3, -2, -1, 0, 1, 2, 3, 4, 5, 2**40]
+    batch, rng = ActionBatch(space), np.random.default_rng(0)
+    n = 5
+    for dtype in dtypes:
+        for _ in range(200):
+            a = np.stack([space.sample() for _ in range(n)]).astype(dtype, copy=True).reshape(n, *space.shape)
+            if rng.random() < 0.7:  # poke values that may be out of range into some elements
+                for _ in range(rng.integers(1, 3)):
+                    v = values[rng.integers(len(values))]
+                    with np.errstate(all="ignore"):
+                        a.flat[rng.integers(a.size)] = np.array(v).astype(dtype) if np.isfinite(v) or a.dtype.kind == "f" else 0
+            with np.errstate(invalid="ignore"):
+                bad_rows = ~((a >= low) & (a < high) if not isinstance(space, gym.spaces.Box)
+                             else (a >= low) & (a <= high)).reshape(n, -1).all(axis=1)
+            if bad_rows.any():
+                with pytest.raises(ValueError, match=rf"\(env {int(np.argmax(bad_rows))}\)"):
+                    batch.leaf_arrays(a, n)
+            else:
+                assert batch.leaf_arrays(a, n)[0] is a
+
+
 def test_validation_can_be_turned_off():
     with shmvec.make("Pendulum-v1", num_envs=2, num_workers=1, validate_actions=False) as envs:
         envs.reset(seed=0)
