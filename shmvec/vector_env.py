@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -21,7 +21,18 @@ from shmvec.pool import WorkerPool, set_attr_payloads, usable_cores
 from shmvec.storage import RolloutStorage, split_policy_output
 from shmvec.worker import Targets
 
-__all__ = ["ShmVecEnv", "make"]
+__all__ = ["ShmVecEnv", "SharedBuffers", "make"]
+
+
+class SharedBuffers(NamedTuple):
+    """Read-only views of the shared memory that ``reset``, ``step`` and ``recv`` write every
+    env's results into (``[num_envs, ...]`` each; ``obs`` nested as the observation space).
+    They stay valid until ``close`` and always hold each env's latest results."""
+
+    obs: Any
+    rewards: np.ndarray
+    terminations: np.ndarray
+    truncations: np.ndarray
 
 
 class ShmVecEnv(VectorEnv):
@@ -605,6 +616,12 @@ class ShmVecEnv(VectorEnv):
     @validate_actions.setter
     def validate_actions(self, value: bool) -> None:
         self._actions = ActionBatch(self.single_action_space, bool(value))
+
+    @property
+    def buffers(self) -> SharedBuffers:
+        """The shared result buffers, as read-only views: for zero-copy consumers
+        (``shmvec.torch`` pins them for asynchronous copies to a GPU)."""
+        return SharedBuffers(self._obs_readonly, self._rewards_ro, self._terms_ro, self._truncs_ro)
 
     @property
     def worker_pids(self) -> list[int]:

@@ -6,7 +6,8 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["shmvec", "shmvec.vector_env", "shmvec.rollout", "shmvec.advantage"])
+@pytest.mark.parametrize("module", ["shmvec", "shmvec.vector_env", "shmvec.rollout", "shmvec.advantage",
+                                    "shmvec.torch"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0
