@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 
-.PHONY: test bench bench-quick bench-docs bench-micro bench-ray bench-scaling bench-instructions venv clean
+.PHONY: test bench bench-quick bench-docs bench-micro bench-ray bench-scaling bench-gpu bench-instructions venv clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,10 @@ bench-ray: $(STAMP)
 
 bench-scaling: $(STAMP)
 	$(PY) benchmarks/scaling.py --json results/scaling.json
+
+# TorchVecEnv's pinned asynchronous copies against torch.as_tensor(obs).to(device) (a GPU if torch sees one).
+bench-gpu: $(STAMP)
+	$(PY) benchmarks/gpu.py --json results/gpu.json
 
 # Instructions per env step under valgrind's callgrind (needs valgrind): immune to a noisy machine.
 bench-instructions: $(STAMP)

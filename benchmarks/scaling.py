@@ -2,14 +2,17 @@
 
     make bench-scaling                   # every power of two up to the usable cores (and that count)
     .venv/bin/python benchmarks/scaling.py --workers 1,2,4,8,16 --json results/scaling.json
+    .venv/bin/python benchmarks/scaling.py --workloads atari-pong,mujoco-ant --num-envs 32 \
+        --engines split-serial,shmvec,shmvec-procs,gym-async-shm --workers 1,4,16 --max-procs 40
 
-At each worker count ``w`` it runs the ``make bench`` cells of CartPole-v1 and the heavy-tail
-env at a fixed ``--num-envs`` (256 by default, so only the number of processes changes) for the
-serial loop, split serial (the machine's ceiling at ``w`` processes), shmvec, shmvec with every
-block in a worker, and async collection (``batch_size`` = one worker's block). All five are
-measured round-robin (``shmvec.bench.measure.measure_group``), so each ratio is the median of
-per-round ratios. The table gives, per ``w``: shmvec and split serial over the serial loop, and
-async over sync step with the same workers, for each env.
+At each worker count ``w`` it runs the ``make bench`` cells of the workloads (default CartPole-v1
+and the heavy-tail env) at a fixed ``--num-envs`` (256 by default, so only the number of
+processes changes) for the serial loop and the engines (default: split serial, the machine's
+ceiling at ``w`` processes; shmvec; shmvec with every block in a worker; async collection with
+``batch_size`` = one worker's block). Engines of at most ``w`` processes are measured
+round-robin (``shmvec.bench.measure.measure_group``), so their ratios are medians of per-round
+ratios; one-process-per-env peers (gym Async) run alone. The table gives, per ``w``, each
+engine over the serial loop, and async over isolated sync ``step`` with the same workers.
 
 Meant for a machine with more cores than this project's 2-core VM (a lent machine): about
 40 s per worker count with the default timing.
@@ -29,15 +32,23 @@ from shmvec.bench.sweep import SweepConfig, SweepResult, run_sweep
 
 WORKLOADS = ["cartpole", "heavy-tail"]
 ENGINES = ["serial", "split-serial", "shmvec", "shmvec-procs", "shmvec-async"]
-# (column title, workload, engine, peer)
-COLUMNS = [
-    ("CartPole shmvec x serial", "cartpole", "shmvec", "serial"),
-    ("CartPole ceiling (split serial) x serial", "cartpole", "split-serial", "serial"),
-    ("CartPole async / sync", "cartpole", "shmvec-async", "shmvec-procs"),
-    ("heavy-tail shmvec x serial", "heavy-tail", "shmvec", "serial"),
-    ("heavy-tail ceiling x serial", "heavy-tail", "split-serial", "serial"),
-    ("heavy-tail async / sync", "heavy-tail", "shmvec-async", "shmvec-procs"),
-]
+LABELS = {"split-serial": "ceiling (split serial)", "shmvec": "shmvec", "shmvec-procs": "shmvec isolated",
+          "shmvec-async": "async", "gym-async-shm": "gym Async(shm)", "envpool": "EnvPool"}
+
+
+def columns(workloads: list[str], engines: list[str]) -> list[tuple[str, str, str, str]]:
+    """``(title, workload, engine, peer)``: every engine over the serial loop, and async over
+    isolated sync ``step`` (both with every block in a worker)."""
+    out = []
+    for w in workloads:
+        for e in engines:
+            if e == "serial":
+                continue
+            if e == "shmvec-async" and "shmvec-procs" in engines:
+                out.append((f"{w} async / isolated sync", w, e, "shmvec-procs"))
+            else:
+                out.append((f"{w} {LABELS.get(e, e)} x serial", w, e, "serial"))
+    return out
 
 
 def default_workers(cores: int) -> list[int]:
@@ -49,15 +60,15 @@ def default_workers(cores: int) -> list[int]:
     return out + [cores]
 
 
-def table(sweeps: dict[int, SweepResult], num_envs: int) -> str:
-    """One row per worker count: the paired ratios of :data:`COLUMNS` and the probe's capacity."""
-    header = ["workers", "probe x1 process", *[c[0] for c in COLUMNS]]
+def table(sweeps: dict[int, SweepResult], num_envs: int, cols: list[tuple[str, str, str, str]]) -> str:
+    """One row per worker count: the paired ratios of ``cols`` and the probe's capacity."""
+    header = ["workers", "probe x1 process", *[c[0] for c in cols]]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
     for w, sweep in sweeps.items():
         samples = sweep.machine.get("parallel_scaling", {}).get("samples") or []
         probe = f"{statistics.median(samples):.2f}x" if samples else "-"
         cells = []
-        for _, workload, engine, peer in COLUMNS:
+        for _, workload, engine, peer in cols:
             ratio = sweep.ratio(workload, num_envs, engine, peer)
             if engine == "shmvec-async" and w == 1:
                 cells.append("-")  # one block: every batch is all envs, nothing to overlap
@@ -75,6 +86,10 @@ def main(argv: list[str] | None = None) -> dict[int, SweepResult]:
     parser.add_argument("--workers", default=None, help="worker counts, e.g. 1,2,4,8 (default: powers of two "
                         "up to the usable cores)")
     parser.add_argument("--num-envs", type=int, default=256)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="e.g. cartpole,atari-pong,mujoco-ant")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="the serial loop is always added")
+    parser.add_argument("--max-procs", type=int, default=None, help="skip engines that would start more "
+                        "processes (default: the largest worker count)")
     parser.add_argument("--seconds", type=float, default=1.0, help="one measurement window")
     parser.add_argument("--repeats", type=int, default=3, help="rounds (windows per engine)")
     parser.add_argument("--json", default=None, help="also write every sweep's results to this file")
@@ -87,16 +102,19 @@ def main(argv: list[str] | None = None) -> dict[int, SweepResult]:
     if max(workers) > cores:
         print(f"note: {max(workers)} workers on {cores} usable cores: the larger counts are oversubscribed",
               file=sys.stderr)
+    workloads = args.workloads.split(",")
+    engines = ["serial", *[e for e in args.engines.split(",") if e != "serial"]]
+    max_procs = args.max_procs or max(workers)
     timing = Timing(seconds=args.seconds, repeats=args.repeats, warmup=0.2)
     sweeps: dict[int, SweepResult] = {}
     for w in workers:
-        print(f"{w} worker(s): {len(WORKLOADS)} workloads x {len(ENGINES)} engines at {args.num_envs} envs",
-              file=sys.stderr)
-        config = SweepConfig(workloads=WORKLOADS, engines=ENGINES, num_envs=[args.num_envs], timing=timing,
-                             num_workers=w, max_procs=max(workers))
+        print(f"{w} worker(s): {len(workloads)} workloads x {len(engines)} engines at {args.num_envs} envs",
+              file=sys.stderr, flush=True)
+        config = SweepConfig(workloads=workloads, engines=engines, num_envs=[args.num_envs], timing=timing,
+                             num_workers=w, max_procs=max_procs)
         sweeps[w] = run_sweep(config, progress=False)
     print(f"# shmvec scaling: {args.num_envs} envs, {cores} usable cores\n")
-    print(table(sweeps, args.num_envs))
+    print(table(sweeps, args.num_envs, columns(workloads, engines)), flush=True)
     failed = [f"{w} workers: {r.workload} {r.engine}: {r.reason}" for w, s in sweeps.items()
               for r in s.results if r.status == "failed"]
     for line in failed:

@@ -101,6 +101,7 @@ class _PinnedPages:
     def release(self) -> None:
         if not self.ranges:
             return
+        torch.cuda.synchronize()  # no copy may still be reading these pages
         cudart = torch.cuda.cudart()
         for start, _ in self.ranges:
             cudart.cudaHostUnregister(start)
@@ -276,7 +277,8 @@ class TorchVecEnv(VectorWrapper):
                              "next_obs") if k in batch]
         if gpu:
             if self._rollout_key is None:
-                self._pins[1].pin([a for name in names for a in _leaves(batch[name])])
+                # The shared rollout segment only (``valid`` is the parent's own small array).
+                self._pins[1].pin([a for name in names if name != "valid" for a in _leaves(batch[name])])
                 self._rollout_key = (num_steps, batch["rewards"].ctypes.data)
             for name in names:
                 if name == "obs":

@@ -127,7 +127,7 @@ def plan_sweep(config: SweepConfig) -> list[PlannedRun]:
             spec = RunSpec(workload, n, config.workers(), config.seed)
             for engine in engines:
                 procs = engine.processes(spec)
-                skip = missing[engine.key] or engine.unsupported(workload)
+                skip = workload.unavailable() or missing[engine.key] or engine.unsupported(workload)
                 if skip is None and procs > config.max_procs:
                     skip = f"capped: would start {procs} processes (max_procs={config.max_procs})"
                 need_mb = procs * MB_PER_PROCESS

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One prepared run on a lent GPU machine (16 cores, one GPU, no network): the GPU tests,
+# bench-gpu's measurement and the scaling tables, each under its own time limit so that one
+# failure does not cost the rest. Packages its image lacks (gymnasium, ale-py, mujoco) travel
+# as wheels in .whl/. Results and logs go to $OUT (default results/device).
+set -u
+OUT=${OUT:-results/device}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=$PWD:/tmp/site
+fi
+{ nproc; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -c "import torch, numpy, numba, gymnasium; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'numpy', numpy.__version__, 'gymnasium', gymnasium.__version__)"
+} 2>&1 | tee "$OUT/machine.txt"
+step() {  # name, seconds, command...
+    local name=$1 limit=$2; shift 2
+    echo "== $name"
+    timeout "$limit" "$@" > >(tee "$OUT/$name.txt") 2>&1
+    echo "== $name: exit $?"
+}
+step tests 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_torch.py tests/test_docstrings.py
+step gpu 150 python3 benchmarks/gpu.py --workloads atari-like,atari-pong --num-envs 128 --steps 100 --rounds 5 \
+    --json "$OUT/gpu.json"
+step scaling_cartpole 140 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,2,4,8,16 \
+    --seconds 0.5 --repeats 3 --json "$OUT/scaling_cartpole.json"
+step scaling_real 200 python3 benchmarks/scaling.py --workloads atari-pong,mujoco-ant --num-envs 32 \
+    --engines split-serial,shmvec,shmvec-procs,gym-async-shm --workers 1,4,16 --max-procs 40 \
+    --seconds 0.5 --repeats 3 --json "$OUT/scaling_real.json"
