@@ -20,11 +20,11 @@ step() {  # name, seconds, command...
     timeout "$limit" "$@" > >(tee "$OUT/$name.txt") 2>&1
     echo "== $name: exit $?"
 }
-step tests 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_torch.py tests/test_docstrings.py
-step gpu 150 python3 benchmarks/gpu.py --workloads atari-like,atari-pong --num-envs 128 --steps 100 --rounds 5 \
+step tests 110 python3 -m pytest -q -p no:cacheprovider -x tests/test_torch.py tests/test_docstrings.py
+step gpu 140 python3 benchmarks/gpu.py --workloads atari-like,atari-pong --num-envs 128 --steps 100 --rounds 5 \
     --json "$OUT/gpu.json"
-step scaling_cartpole 140 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,2,4,8,16 \
+step scaling_cartpole 130 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,2,4,8,16 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_cartpole.json"
-step scaling_real 200 python3 benchmarks/scaling.py --workloads atari-pong,mujoco-ant --num-envs 32 \
+step scaling_real 190 python3 benchmarks/scaling.py --workloads atari-pong,mujoco-ant --num-envs 32 \
     --engines split-serial,shmvec,shmvec-procs,gym-async-shm --workers 1,4,16 --max-procs 40 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_real.json"
