@@ -21,7 +21,7 @@ step() {  # name, seconds, command...
     echo "== $name: exit $?"
 }
 step tests 110 python3 -m pytest -q -p no:cacheprovider -x tests/test_torch.py tests/test_docstrings.py
-step gpu 140 python3 benchmarks/gpu.py --workloads atari-like,atari-pong --num-envs 128 --steps 100 --rounds 5 \
+step gpu 140 python3 benchmarks/gpu.py --workloads ${GPU_WORKLOADS:-atari-like,atari-pong} --num-envs ${GPU_ENVS:-128} --steps 100 --rounds 5 \
     --json "$OUT/gpu.json"
 step scaling_cartpole 130 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,2,4,8,16 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_cartpole.json"

@@ -159,9 +159,12 @@ class TorchVecEnv(VectorWrapper):
         super().__init__(env)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        if self.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"TorchVecEnv(device=...) must be a CPU or CUDA device, got {self.device}")
+        device = torch.device(device)
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"TorchVecEnv(device=...) must be a CPU or CUDA device, got {device}")
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())  # as the tensors will report it
+        self.device = device
         self.copy = copy
         env.copy = False  # its own results are views: this wrapper copies once, straight to the device
         buffers = env.buffers
