@@ -6,6 +6,7 @@
   per-env requests (``get_attr`` with ``indices``, ``env_is_wrapped``, ...) run against the
   user's env exactly as SB3's own workers run them.
 * :func:`env_indices` reads the ``indices=`` argument of those requests.
+* :func:`batched_actions` turns the classic per-env list of actions into Gymnasium's batch.
 
 Nothing here imports SB3 or torch: :class:`EnvSide` is unpickled in every worker process, and
 a worker started with ``spawn``/``forkserver`` should not pay for importing them.
@@ -21,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EnvSide", "EnvSideFactory", "Failure", "env_indices", "env_info", "list_infos"]
+__all__ = ["EnvSide", "EnvSideFactory", "Failure", "batched_actions", "env_indices", "env_info", "list_infos"]
 
 # Gymnasium batches a Python bool/int/float info value into a bool/int64/float64 array; an
 # element of those is given back as the Python object the env most likely returned.
@@ -155,6 +156,25 @@ def env_indices(indices: None | int | slice | Iterable[int], num_envs: int) -> l
             raise IndexError(f"env index {i} is out of range for {num_envs} envs")
         out.append(i % num_envs)
     return out
+
+
+def batched_actions(space: gym.Space, actions: Any, num_envs: int) -> Any:
+    """Gymnasium's batch of ``actions`` for a Dict/Tuple ``space`` given one sample per env.
+
+    SB3 and the classic baselines index actions per env (``actions[i]`` is env ``i``'s), so
+    for a nested space they come as a list (or tuple) of ``num_envs`` dicts or tuples; a
+    ShmVecEnv takes a dict (tuple) of ``[num_envs, ...]`` arrays. Anything else (arrays for
+    flat spaces, an already batched dict) is returned as it is.
+    """
+    if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)) or not isinstance(actions, (list, tuple)) \
+            or len(actions) != num_envs:
+        return actions
+    from gymnasium.vector.utils import concatenate, create_empty_array
+
+    try:
+        return concatenate(space, actions, create_empty_array(space, num_envs))
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ValueError(f"actions: expected one sample of {space} per env: {type(exc).__name__}: {exc}") from None
 
 
 # -- the env side of the SB3 adapter --------------------------------------------------------

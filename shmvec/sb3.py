@@ -21,7 +21,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-from shmvec._adapters import EnvSideFactory, Failure, env_indices, env_info, list_infos
+from shmvec._adapters import EnvSideFactory, Failure, batched_actions, env_indices, env_info, list_infos
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["SubprocVecEnv"]
@@ -118,8 +118,8 @@ class SubprocVecEnv(VecEnv):
         return obs
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Remember the actions; :meth:`step_wait` steps every env with them."""
-        self._actions = actions
+        """Remember the actions (``actions[i]`` for env ``i``); :meth:`step_wait` steps every env with them."""
+        self._actions = batched_actions(self.action_space, actions, self.num_envs)
         self.waiting = True
 
     def step_wait(self) -> VecEnvStepReturn:

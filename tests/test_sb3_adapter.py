@@ -506,3 +506,25 @@ def test_import_shmvec_does_not_import_sb3_or_torch():
     code = "import sys, shmvec, shmvec.baselines; shmvec.ShmVecEnv; print('torch' in sys.modules, 'stable_baselines3' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("space", ["dict", "tuple"])
+def test_nested_actions_one_per_env_as_sb3_takes_them(closing, space):
+    # SB3 indexes actions per env: for a Dict/Tuple action space they come as a list of samples.
+    from envs_for_tests import EchoActionEnv
+
+    action_space = EchoActionEnv().action_space
+    if space == "tuple":
+        action_space = spaces.Tuple(tuple(action_space.spaces.values()))
+    fns = [lambda: EchoActionEnv(action_space)] * 3
+    ours, ref = SubprocVecEnv(fns, num_workers=2), DummyVecEnv(fns)
+    closing(ours)
+    closing(ref)
+    ours.reset()
+    ref.reset()
+    action_space.seed(0)
+    for _ in range(3):
+        actions = [action_space.sample() for _ in range(3)]
+        np.testing.assert_array_equal(ours.step(actions)[0], ref.step(actions)[0])
+    with pytest.raises(ValueError, match="one sample of"):
+        ours.step([1, 2, 3])
