@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 
-.PHONY: test bench bench-quick bench-docs bench-micro bench-ray bench-scaling bench-gpu bench-instructions venv clean
+.PHONY: test conformance bench bench-quick bench-docs bench-micro bench-ray bench-scaling bench-gpu bench-instructions venv clean
 
 venv: $(STAMP)
 
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# Gymnasium's tests/vector and SB3's test_vec_envs.py against shmvec (downloads their sources;
+# Gymnasium's sdist has no tests: GYMNASIUM_SRC=<checkout, git dir or .tar.gz> supplies them).
+conformance: $(STAMP)
+	$(PY) tests/conformance/run.py
 
 bench: $(STAMP)
 	$(PY) -m shmvec bench

@@ -5,6 +5,8 @@
 * :class:`EnvSide` is the outermost wrapper the SB3 adapter puts around each env, so that
   per-env requests (``get_attr`` with ``indices``, ``env_is_wrapped``, ...) run against the
   user's env exactly as SB3's own workers run them.
+* :func:`env_indices` reads the ``indices=`` argument of those requests.
+* :func:`batched_actions` turns the classic per-env list of actions into Gymnasium's batch.
 
 Nothing here imports SB3 or torch: :class:`EnvSide` is unpickled in every worker process, and
 a worker started with ``spawn``/``forkserver`` should not pay for importing them.
@@ -12,14 +14,15 @@ a worker started with ``spawn``/``forkserver`` should not pay for importing them
 
 from __future__ import annotations
 
+import operator
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-__all__ = ["EnvSide", "EnvSideFactory", "Failure", "env_info", "list_infos"]
+__all__ = ["EnvSide", "EnvSideFactory", "Failure", "batched_actions", "env_indices", "env_info", "list_infos"]
 
 # Gymnasium batches a Python bool/int/float info value into a bool/int64/float64 array; an
 # element of those is given back as the Python object the env most likely returned.
@@ -121,6 +124,57 @@ def list_infos(
             info["terminal_observation"] = final_obs[i]
         out.append(info)
     return out
+
+
+def env_indices(indices: None | int | slice | Iterable[int], num_envs: int) -> list[int]:
+    """The env indices, each in ``0..num_envs-1``, that an ``indices=`` argument refers to.
+
+    As SB3's ``VecEnv`` reads it: ``None`` is every env, an int is one env, any other iterable
+    of ints lists envs in order (repeats allowed). Each index is read as a Python list index
+    would be: a negative one counts from the end, numpy integers are fine. A ``slice`` selects
+    as it does on a list (SB3 itself does not take slices).
+
+    Raises
+    ------
+    IndexError
+        An index outside ``-num_envs..num_envs-1``.
+    TypeError
+        Something that is not an int (a float, a string) where an index should be.
+    """
+    if indices is None:
+        return list(range(num_envs))
+    if isinstance(indices, slice):
+        return list(range(num_envs))[indices]
+    # operator.index takes exactly what a list index takes (int, numpy integer, 0-d int array).
+    try:
+        wanted = [operator.index(indices)]
+    except TypeError:
+        wanted = [operator.index(i) for i in indices]
+    out = []
+    for i in wanted:
+        if not -num_envs <= i < num_envs:
+            raise IndexError(f"env index {i} is out of range for {num_envs} envs")
+        out.append(i % num_envs)
+    return out
+
+
+def batched_actions(space: gym.Space, actions: Any, num_envs: int) -> Any:
+    """Gymnasium's batch of ``actions`` for a Dict/Tuple ``space`` given one sample per env.
+
+    SB3 and the classic baselines index actions per env (``actions[i]`` is env ``i``'s), so
+    for a nested space they come as a list (or tuple) of ``num_envs`` dicts or tuples; a
+    ShmVecEnv takes a dict (tuple) of ``[num_envs, ...]`` arrays. Anything else (arrays for
+    flat spaces, an already batched dict) is returned as it is.
+    """
+    if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)) or not isinstance(actions, (list, tuple)) \
+            or len(actions) != num_envs:
+        return actions
+    from gymnasium.vector.utils import concatenate, create_empty_array
+
+    try:
+        return concatenate(space, actions, create_empty_array(space, num_envs))
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise ValueError(f"actions: expected one sample of {space} per env: {type(exc).__name__}: {exc}") from None
 
 
 # -- the env side of the SB3 adapter --------------------------------------------------------

@@ -17,8 +17,13 @@ __all__ = ["ActionBatch", "action_checker"]
 
 
 
-def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
-    """A check that raises ``ValueError`` unless a batch ``a`` holds valid samples of ``leaf.space``.
+def action_checker(leaf: Leaf) -> Callable[[np.ndarray, np.ndarray | None], None]:
+    """A check ``check(a, ignored)`` that raises ``ValueError`` unless a batch ``a`` holds valid
+    samples of ``leaf.space`` in every row that ``ignored`` (a bool mask of rows, or ``None``)
+    does not mark.
+
+    Rows marked ``ignored`` are those of envs that will not see their action (a NEXT_STEP
+    reset): Gymnasium hands any value there, so only their dtype is checked.
 
     Everything about the space is worked out here, once. Where one bound holds for every
     element (Discrete, MultiBinary, a Box with uniform bounds), the check compares the batch's
@@ -31,8 +36,13 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
     where = f"actions{leaf.field}"
     empty = 0 in leaf.shape  # then every batch is empty (a.size costs as much as argmax)
 
-    def refuse(a: np.ndarray, bad: np.ndarray) -> None:
-        env = int(np.argwhere(bad)[0][0])
+    def refuse(a: np.ndarray, bad: np.ndarray, ignored: np.ndarray | None) -> None:
+        rows = bad.reshape(len(bad), -1).any(axis=1)
+        if ignored is not None:  # looked at on failure only: the usual step pays nothing for it
+            rows &= ~ignored
+            if not rows.any():
+                return
+        env = int(np.argmax(rows))
         raise ValueError(f"{where}[{env}] = {a[env].tolist()!r} is outside the action space {space} (env {env})")
 
     if isinstance(space, gym.spaces.Box):
@@ -40,7 +50,7 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
         uniform = box_low.size > 0 and bool((box_low == box_low.flat[0]).all() and (box_high == box_high.flat[0]).all())
         lo, hi = (box_low.flat[0].item(), box_high.flat[0].item()) if uniform else (None, None)
 
-        def check_box(a: np.ndarray) -> None:
+        def check_box(a: np.ndarray, ignored: np.ndarray | None) -> None:
             if a.dtype.kind not in "fiub":
                 raise ValueError(f"{where} have dtype {a.dtype}, expected a number type for {space}")
             if empty:
@@ -50,7 +60,7 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
                 return
             inside = (a >= box_low) & (a <= box_high)  # NaN fails both comparisons
             if not inside.all():
-                refuse(a, ~inside)
+                refuse(a, ~inside, ignored)
 
         return check_box
 
@@ -65,7 +75,7 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
     if scalar:  # one bound for every element (MultiDiscrete with equal nvec and start too)
         low, high = int(low.flat[0]), int(high.flat[0])
 
-    def check_integers(a: np.ndarray) -> None:
+    def check_integers(a: np.ndarray, ignored: np.ndarray | None) -> None:
         kind = a.dtype.kind
         if kind not in "iub":
             raise ValueError(f"{where} have dtype {a.dtype}, expected integers for {space}")
@@ -76,7 +86,7 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray], None]:
         else:
             ok = bool(((a >= low) & (a < high)).all())
         if not ok:
-            refuse(a, (a < low) | (a >= high))
+            refuse(a, (a < low) | (a >= high), ignored)
 
     return check_integers
 
@@ -99,31 +109,39 @@ class ActionBatch:
         self.checks = [action_checker(leaf) if validate else None for leaf in self.leaves]
         self._shapes: dict[int, list[tuple[int, ...]]] = {}  # n -> the expected shape of each leaf
 
-    def leaf_arrays(self, actions: Any, n: int) -> list[np.ndarray]:
-        """The ``[n, ...]`` array of each leaf (``n >= 1``), in leaf order; ``ValueError`` naming the
-        leaf, what was expected and the first offending env if ``actions`` does not fit the space."""
+    def leaf_arrays(self, actions: Any, n: int, ignored: np.ndarray | None = None) -> list[np.ndarray]:
+        """The ``[n, ...]`` array of each leaf (``n >= 1``), in leaf order.
+
+        Raises ``TypeError`` for a scalar where a batch is expected (as Gymnasium's ``iterate``
+        does), else ``ValueError`` naming the leaf, what was expected and the first offending
+        env if ``actions`` does not fit the space. ``ignored``: bool mask of the envs whose
+        action will not be used (their values are not checked against the space).
+        """
         shapes = self._shapes.get(n)
         if shapes is None:
             shapes = self._shapes[n] = [(n, *leaf.shape) for leaf in self.leaves]
         if self.flat:  # the common case, on every step: no flattening, no loop
-            return [self._checked(0, actions, shapes[0])]
+            return [self._checked(0, actions, shapes[0], ignored)]
         try:
             parts = flatten(self.space, actions)
         except (KeyError, IndexError, TypeError) as exc:
             raise ValueError(
                 f"actions do not match action_space {self.space} (per env): {type(exc).__name__}: {exc}"
             ) from None
-        return [self._checked(k, part, shapes[k]) for k, part in enumerate(parts)]
+        return [self._checked(k, part, shapes[k], ignored) for k, part in enumerate(parts)]
 
-    def _checked(self, k: int, part: Any, shape: tuple[int, ...]) -> np.ndarray:
+    def _checked(self, k: int, part: Any, shape: tuple[int, ...], ignored: np.ndarray | None) -> np.ndarray:
         a = part if type(part) is np.ndarray else np.asarray(part)
         if a.shape != shape:
             leaf = self.leaves[k]
-            raise ValueError(
+            # A scalar is not a batch at all (Gymnasium: TypeError); a batch of the wrong size or
+            # shape is a wrong value (ValueError).
+            error = TypeError if a.ndim == 0 else ValueError
+            raise error(
                 f"actions{leaf.field} have shape {a.shape}, expected {shape} "
                 f"({shape[0]} envs, single_action_space{leaf.field}={leaf.space})"
             )
         check = self.checks[k]
         if check is not None:
-            check(a)
+            check(a, ignored)
         return a

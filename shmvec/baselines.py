@@ -32,7 +32,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from shmvec._adapters import list_infos
+from shmvec._adapters import batched_actions, list_infos
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["SubprocVecEnv"]
@@ -112,8 +112,8 @@ class SubprocVecEnv:
         return obs
 
     def step_async(self, actions: Any) -> None:
-        """Remember the actions; :meth:`step_wait` steps every env with them."""
-        self._actions = actions
+        """Remember the actions (``actions[i]`` for env ``i``); :meth:`step_wait` steps every env with them."""
+        self._actions = batched_actions(self.action_space, actions, self.num_envs)
         self.waiting = True
 
     def step_wait(self) -> tuple[Any, np.ndarray, np.ndarray, list[dict[str, Any]]]:

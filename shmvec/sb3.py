@@ -21,7 +21,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
-from shmvec._adapters import EnvSideFactory, Failure, env_info, list_infos
+from shmvec._adapters import EnvSideFactory, Failure, batched_actions, env_indices, env_info, list_infos
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["SubprocVecEnv"]
@@ -118,8 +118,8 @@ class SubprocVecEnv(VecEnv):
         return obs
 
     def step_async(self, actions: np.ndarray) -> None:
-        """Remember the actions; :meth:`step_wait` steps every env with them."""
-        self._actions = actions
+        """Remember the actions (``actions[i]`` for env ``i``); :meth:`step_wait` steps every env with them."""
+        self._actions = batched_actions(self.action_space, actions, self.num_envs)
         self.waiting = True
 
     def step_wait(self) -> VecEnvStepReturn:
@@ -171,7 +171,7 @@ class SubprocVecEnv(VecEnv):
 
     def _request(self, indices: VecEnvIndices, op: str, args: tuple) -> list[Any]:
         """Run ``op`` in the envs ``indices`` (in that order, repeats allowed) and gather results."""
-        targets = [int(i) for i in self._get_indices(indices)]
+        targets = env_indices(indices, self.num_envs)
         if not targets:
             return []
         replies = self.vector_env.call("shmvec_request", tuple(targets), op, args)

@@ -88,8 +88,11 @@ class ShmVecEnv(VectorEnv):
     validate_actions : bool, default True
         Refuse actions of the wrong shape, a non-integer dtype for discrete spaces, or values
         outside the action space (Box bounds included), with a ``ValueError``, before any
-        worker sees them. Costs a few numpy reductions per step. ``False`` keeps only the
-        shape check: actions are then cast to the space's dtype as they are written.
+        worker sees them. Under NEXT_STEP the rows of envs that this step resets are not held
+        to the space (those envs ignore their action, as in Gymnasium). Costs a few numpy
+        reductions per step. ``False`` keeps only the shape check: actions are then cast to the
+        space's dtype as they are written. Either way a scalar where a batch is expected is a
+        ``TypeError``, as in Gymnasium.
     on_error : {"raise", "restart"}, default "raise"
         What a fault during ``step`` does. ``"raise"``: close the vector env cleanly and
         raise the error. ``"restart"``: replace the failed worker (or the main process's block)
@@ -169,6 +172,10 @@ class ShmVecEnv(VectorEnv):
         self._obs_leaves = layout.obs_leaves
         self._flat_obs = len(layout.obs_leaves) == 1 and not layout.obs_leaves[0].path
         self._final_views = layout.leaf_views(views, "final_obs") if layout.with_final_obs else []
+        # infos["final_obs"] holds one env's observation as the env returned it, as SyncVectorEnv
+        # keeps it: envs give a Discrete observation as a Python int, any other leaf as an array
+        # (0-d for a scalar Box). Read back from shared memory, each leaf is made so again.
+        self._final_as_int = [isinstance(leaf.space, gym.spaces.Discrete) for leaf in layout.obs_leaves]
         readonly = []
         for v in (*self._obs_views, views["rewards"], views["terminations"], views["truncations"]):
             ro = v.view()
@@ -230,13 +237,16 @@ class ShmVecEnv(VectorEnv):
         if options is not None and "reset_mask" in options:
             options = dict(options)
             mask = options.pop("reset_mask")
-            if not isinstance(mask, np.ndarray) or mask.dtype != np.bool_ or mask.shape != (n,):
-                raise ValueError(
-                    f"options['reset_mask'] must be a bool numpy array of shape ({n},), got "
-                    f"{type(mask).__name__} {getattr(mask, 'dtype', '')} {getattr(mask, 'shape', '')}"
-                )
+            # Gymnasium's checks, in its order, with its exception types and messages.
+            if not isinstance(mask, np.ndarray):
+                raise TypeError(f"`options['reset_mask']` must be a numpy array, got {type(mask)}")
+            if mask.shape != (n,):
+                raise ValueError(f"`options['reset_mask']` must have shape `({n},)`, got {mask.shape}")
+            if mask.dtype != np.bool_:
+                raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
             if not mask.any():
-                raise ValueError("options['reset_mask'] has no True entry: nothing to reset")
+                raise ValueError("`options['reset_mask']` must contain a boolean array with at least one True "
+                                 f"value, got reset_mask={mask}")
         payloads = None
         if seeds is not None or options is not None or mask is not None:
             payloads = [
@@ -303,6 +313,17 @@ class ShmVecEnv(VectorEnv):
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Set attribute ``name`` of every env: one value for all, or a list/tuple of one per env."""
         self._run(P.SET_ATTR, set_attr_payloads(name, values, self._pool.lanes), closes_on_error=False)
+
+    @property
+    def np_random_seed(self) -> tuple[int, ...]:
+        """Each env's ``np_random_seed`` (its last reset's seed), as Gymnasium's vector envs give it."""
+        return self.get_attr("np_random_seed")
+
+    @property
+    def np_random(self) -> tuple[np.random.Generator, ...]:
+        """Each env's random generator (a copy, for envs stepped in worker processes), as
+        ``AsyncVectorEnv`` gives them."""
+        return self.get_attr("np_random")
 
     def render(self) -> tuple[Any, ...]:
         """The frames rendered by every env (per its ``render_mode``)."""
@@ -729,7 +750,9 @@ class ShmVecEnv(VectorEnv):
                 k = i if pos is None else pos[i]
                 final_info, info = reports.get(i, (None, None))
                 if i in ended:
-                    final_obs = assemble(self.single_observation_space, [v[i].copy() for v in out.final_obs])
+                    final_obs = assemble(self.single_observation_space,
+                                         [v[i].item() if as_int else v[i, ...].copy()
+                                          for v, as_int in zip(out.final_obs, self._final_as_int)])
                     add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, k, size)
                 if info:
                     add_info(infos, info, k, size)
@@ -749,7 +772,12 @@ class ShmVecEnv(VectorEnv):
         """Check ``actions`` (for all envs, or for a ``batch``: its size and its index into the
         regions, from :meth:`_batch_of`) and write them into shared memory (the regular
         regions, or the per-leaf ``views`` of a rollout row)."""
-        checked = self._actions.leaf_arrays(actions, self.num_envs if batch is None else batch[0])
+        # Under NEXT_STEP an env that ended its episode is reset by this step and never sees its
+        # action; Gymnasium hands it any value, so its row is not checked against the space.
+        ignored = None
+        if self.autoreset_mode is AutoresetMode.NEXT_STEP:
+            ignored = self._autoreset if batch is None else self._autoreset[batch[1]]
+        checked = self._actions.leaf_arrays(actions, self.num_envs if batch is None else batch[0], ignored)
         # Written only once every leaf passed: a refused action leaves nothing half-written.
         # Item assignment casts as np.copyto(casting="unsafe") does, at a third of its cost.
         index = Ellipsis if batch is None else batch[1]

@@ -151,3 +151,21 @@ class ClosingEnv(gym.Wrapper):
         with open(self.marker, "a") as f:
             f.write(f"{os.getpid()}\n")
         super().close()
+
+
+class EchoActionEnv(gym.Env):
+    """Observes the action it was given, flattened: shows what each env received."""
+
+    def __init__(self, action_space: gym.Space | None = None) -> None:
+        self.action_space = action_space if action_space is not None else gym.spaces.Dict(
+            {"pick": gym.spaces.Discrete(3), "move": gym.spaces.Box(-1, 1, (2,), np.float32),
+             "bits": gym.spaces.Tuple((gym.spaces.MultiBinary(2), gym.spaces.MultiDiscrete([2, 3])))})
+        self.observation_space = gym.spaces.flatten_space(self.action_space)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(self.observation_space.shape, self.observation_space.dtype), {}
+
+    def step(self, action):
+        obs = gym.spaces.flatten(self.action_space, action).astype(self.observation_space.dtype)
+        return obs, 0.0, False, False, {}

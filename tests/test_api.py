@@ -291,3 +291,40 @@ def test_import_is_cheap():
             "('numba', 'shmvec.pool', 'ray', 'torch', 'stable_baselines3')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False"] * 5
+
+
+def test_action_rows_ignored_by_a_reset_are_not_range_checked():
+    # Under NEXT_STEP the envs being reset never see their action (Gymnasium hands them any
+    # value), so only the other rows are held to the space; dtype and shape still hold for all.
+    from shmvec.actions import ActionBatch
+
+    space = gym.spaces.Dict({"move": gym.spaces.Box(np.array([-1, 0], np.float32), np.array([1, 2], np.float32)),
+                             "pick": gym.spaces.Discrete(3)})
+    batch = ActionBatch(space)
+    actions = {"move": np.array([[0.0, 1.0], [9.0, 1.0], [0.0, 1.0]], np.float32), "pick": np.array([0, 1, 7])}
+    with pytest.raises(ValueError, match=r"actions\['move'\]\[1\]"):
+        batch.leaf_arrays(actions, 3)
+    batch.leaf_arrays(actions, 3, ignored=np.array([False, True, True]))
+    with pytest.raises(ValueError, match=r"actions\['pick'\]\[2\] = 7"):
+        batch.leaf_arrays(actions, 3, ignored=np.array([False, True, False]))
+    with pytest.raises(ValueError, match="expected integers"):
+        batch.leaf_arrays({**actions, "pick": actions["pick"] * 1.0}, 3, ignored=np.ones(3, bool))
+    with pytest.raises(TypeError, match=r"shape \(\), expected \(3,\)"):
+        batch.leaf_arrays({**actions, "pick": 1}, 3, ignored=np.ones(3, bool))
+
+
+def test_send_skips_the_range_check_of_envs_being_reset():
+    with shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1", max_episode_steps=2)] * 4, num_workers=2,
+                          batch_size=2) as envs:
+        envs.async_reset(seed=0)
+        resets = live = 0
+        while resets < 2 or live < 2:
+            _, _, terminated, truncated, _, ids = envs.recv()
+            if (terminated | truncated).all():  # both envs reset in their next step: actions ignored
+                envs.send(np.array([5, -3]), ids)
+                resets += 1
+                continue
+            with pytest.raises(ValueError, match="outside the action space"):
+                envs.send(np.array([5, 0]), ids)  # a live env would see this one
+            envs.send(np.zeros(2, dtype=np.int64), ids)
+            live += 1

@@ -163,3 +163,16 @@ def test_get_images():
         envs.step([1, 1])
         frames = envs.get_images()
         assert len(frames) == 2 and all(f.shape == (2, 3, 3) for f in frames)
+
+
+def test_nested_actions_one_per_env():
+    # The classic API indexes actions per env: a list of dict samples for a Dict action space.
+    from envs_for_tests import EchoActionEnv
+
+    space = EchoActionEnv().action_space
+    space.seed(0)
+    with SubprocVecEnv([EchoActionEnv] * 3, num_workers=2) as envs:
+        envs.reset()
+        actions = [space.sample() for _ in range(3)]
+        obs, *_ = envs.step(actions)
+        np.testing.assert_array_equal(obs, np.stack([gym.spaces.flatten(space, a) for a in actions]))

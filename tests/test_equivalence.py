@@ -137,3 +137,137 @@ def test_reset_seed_list_and_options():
         with pytest.raises(ValueError, match="seeds"):
             envs.reset(seed=[1, 2])
     ref.close()
+
+
+# -- Gymnasium conformance: what its own tests/vector check, against SyncVectorEnv --------------
+
+
+class CountEnv(gym.Env):
+    """Counts its steps; the observation is the count, returned as envs usually return it: a
+    Python int for Discrete, a 0-d array for a scalar Box. Episodes end at ``max_count``."""
+
+    def __init__(self, obs: str = "discrete") -> None:
+        self.kind = obs
+        count = gym.spaces.Discrete(8)
+        scalar = gym.spaces.Box(0.0, 8.0, shape=(), dtype=np.float32)
+        self.observation_space = {
+            "discrete": count,
+            "box": scalar,
+            "dict": gym.spaces.Dict({"count": count, "level": scalar, "vec": gym.spaces.Box(0, 8, (2,), np.int32)}),
+        }[obs]
+        self.action_space = gym.spaces.Discrete(4)
+        self.max_count = 3
+        self.count = 0
+
+    def _obs(self):
+        if self.kind == "discrete":
+            return self.count
+        level = np.array(self.count, dtype=np.float32)
+        if self.kind == "box":
+            return level
+        return {"count": self.count, "level": level, "vec": np.full(2, self.count, np.int32)}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.count = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.count += 1
+        return self._obs(), float(action), self.count >= self.max_count, False, {"action": int(action)}
+
+
+@pytest.mark.parametrize("obs", ["discrete", "box", "dict"])
+def test_final_obs_keeps_the_types_sync_gives(obs):
+    # SyncVectorEnv keeps each final observation as the env returned it (a Python int for a
+    # Discrete space); data_equivalence compares types too.
+    from gymnasium.utils.env_checker import data_equivalence
+
+    def make():
+        return CountEnv(obs)
+
+    ref = SyncVectorEnv([make] * 3, autoreset_mode=AutoresetMode.SAME_STEP)
+    with shmvec.ShmVecEnv([make] * 3, num_workers=2, autoreset_mode=AutoresetMode.SAME_STEP) as envs:
+        ref.set_attr("max_count", [2, 3, 3])
+        envs.set_attr("max_count", [2, 3, 3])
+        assert data_equivalence(ref.reset(seed=0), envs.reset(seed=0))
+        for t in range(7):
+            r, s = ref.step([1, 2, 3]), envs.step([1, 2, 3])
+            assert data_equivalence(r, s), f"step {t}: {r} != {s}"
+            if "final_obs" in s[4]:
+                final = s[4]["final_obs"][s[4]["_final_obs"]][0]
+                leaf = final if obs != "dict" else final["count"]
+                assert type(leaf) is (int if obs != "box" else np.ndarray)
+    ref.close()
+
+
+def test_np_random_seed_and_np_random_per_env():
+    ref = SyncVectorEnv([cartpole] * 3)
+    with shmvec.ShmVecEnv([cartpole] * 3, num_workers=2) as envs:
+        ref.reset(seed=42)
+        envs.reset(seed=42)
+        assert envs.np_random_seed == ref.np_random_seed == (42, 43, 44)
+        envs.reset()  # seed=None: the envs go on with their generators, and their seeds stay
+        ref.reset()
+        assert envs.np_random_seed == ref.np_random_seed == (42, 43, 44)
+        generators = envs.np_random
+        assert isinstance(generators, tuple) and len(generators) == 3
+        for ours, theirs in zip(generators, ref.np_random):
+            assert ours.bit_generator.state == theirs.bit_generator.state
+    ref.close()
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [[True, False, True], np.array([True]), np.array([[True, True, True]]), np.array([1, 1, 0]),
+     np.array([1.0, 0.0, 0.0]), np.array([False, False, False])],
+    ids=["list", "short", "2d", "int", "float", "none-set"],
+)
+def test_reset_mask_errors_are_gymnasiums(mask):
+    ref = SyncVectorEnv([cartpole] * 3, autoreset_mode=AutoresetMode.DISABLED)
+    with shmvec.ShmVecEnv([cartpole] * 3, num_workers=2, autoreset_mode=AutoresetMode.DISABLED) as envs:
+        envs.reset(seed=0)
+        ref.reset(seed=0)
+        with pytest.raises(Exception) as expected:
+            ref.reset(options={"reset_mask": mask})
+        with pytest.raises(type(expected.value)) as got:
+            envs.reset(options={"reset_mask": mask})
+        assert type(got.value) is type(expected.value) and str(got.value) == str(expected.value)
+        envs.reset(options={"reset_mask": np.array([True, False, True])})  # still usable
+    ref.close()
+
+
+def test_actions_as_gymnasium_takes_them():
+    ref = SyncVectorEnv([CountEnv] * 3)
+    with shmvec.ShmVecEnv([CountEnv] * 3, num_workers=2) as envs:
+        ref.reset(seed=0)
+        envs.reset(seed=0)
+        # Not a batch at all: TypeError, as Gymnasium's iterate() raises; a batch of the wrong
+        # size: ValueError. Neither reaches an env here (SyncVectorEnv steps the first envs
+        # before it notices a wrong size, so it is asked on a copy).
+        probe = SyncVectorEnv([CountEnv] * 3)
+        probe.reset(seed=0)
+        for bad, error in ((0, TypeError), (np.int64(1), TypeError), ([1, 1], ValueError), ([1] * 4, ValueError)):
+            with pytest.raises(error):
+                probe.step(bad)
+            with pytest.raises(error):
+                envs.step(bad)
+        probe.close()
+        for t in range(3):
+            r, s = ref.step([1, 2, 3]), envs.step([1, 2, 3])
+            for x, y in zip(r, s):
+                assert_same(x, y, f"step {t}")
+        # Every episode ended: under NEXT_STEP this step resets them and ignores the actions,
+        # so any value goes, as with Gymnasium (whose tests send 4 to a Discrete(4) here).
+        r, s = ref.step([4, -1, 99]), envs.step([4, -1, 99])
+        for x, y in zip(r, s):
+            assert_same(x, y, "reset step")
+        # An action an env would see must be in the action space (a deliberate difference,
+        # docs/migration.md); SyncVectorEnv hands it over. validate_actions=False does too.
+        with pytest.raises(ValueError, match=r"actions\[0\] = 4 is outside the action space"):
+            envs.step([4, 1, 1])
+        envs.validate_actions = False
+        r, s = ref.step([4, 1, 1]), envs.step([4, 1, 1])
+        for x, y in zip(r, s):
+            assert_same(x, y, "unchecked step")
+    ref.close()

@@ -378,6 +378,49 @@ def test_get_set_attr_and_env_method(info_venv):
     info_venv.step(np.ones(4, dtype=np.int64))  # still usable after the errors
 
 
+SB3_INDICES = [None, 2, -1, -4, [0, -1], [-1, 0, -1], (3, 1), range(1, 4), range(3, -1, -1),
+               np.array([-3, 2]), []]
+
+
+@pytest.mark.parametrize("indices", SB3_INDICES, ids=repr)
+def test_indices_as_sb3_reads_them(closing, indices):
+    # Each per-env request against DummyVecEnv (SB3's own reading of indices=) on the same envs.
+    fns = info_env_fns(4, marked=(1, 3))
+    ours, ref = SubprocVecEnv(fns, num_workers=2), DummyVecEnv(fns)
+    closing(ours)
+    closing(ref)
+    for venv in (ours, ref):
+        venv.env_method("scaled", 0, indices=[0, 1, 2, 3])  # noop, but every env ran a request
+        for i in range(4):
+            venv.set_attr("label", f"env{i}", indices=i)
+        venv.set_attr("label", "changed", indices=indices)
+    assert ours.get_attr("label") == ref.get_attr("label")
+    assert ours.get_attr("label", indices=indices) == ref.get_attr("label", indices=indices)
+    assert ours.env_method("get_wrapper_attr", "label", indices=indices) == \
+        ref.env_method("get_wrapper_attr", "label", indices=indices)
+    assert ours.env_is_wrapped(MarkerWrapper, indices=indices) == ref.env_is_wrapped(MarkerWrapper, indices=indices)
+
+
+def test_indices_slices_and_bad_indices(info_venv):
+    # SB3 itself takes no slice and no lone numpy integer; ours reads them as a list index would.
+    for i in range(4):
+        info_venv.set_attr("label", f"env{i}", indices=i)
+    assert info_venv.get_attr("label", indices=np.int64(-2)) == ["env2"]
+    assert info_venv.get_attr("label", indices=slice(1, None)) == ["env1", "env2", "env3"]
+    assert info_venv.get_attr("label", indices=slice(None, None, -2)) == ["env3", "env1"]
+    info_venv.set_attr("label", "sliced", indices=slice(-2, None))
+    assert info_venv.get_attr("label") == ["env0", "env1", "sliced", "sliced"]
+    assert info_venv.env_is_wrapped(MarkerWrapper, indices=slice(0, 2)) == [False, True]
+    # Out of range and non-integer, as a list index would say it (nothing is sent to the envs).
+    for bad in (4, -5, [0, 4]):
+        with pytest.raises(IndexError, match="out of range"):
+            info_venv.get_attr("label", indices=bad)
+    for bad in (1.0, ["a"]):
+        with pytest.raises(TypeError):
+            info_venv.env_method("scaled", 1, indices=bad)
+    assert info_venv.get_attr("label") == ["env0", "env1", "sliced", "sliced"]
+
+
 def test_env_is_wrapped(info_venv):
     assert info_venv.env_is_wrapped(MarkerWrapper) == [False, True, False, True]
     assert info_venv.env_is_wrapped(MarkerWrapper, indices=[3, 0]) == [True, False]
@@ -463,3 +506,25 @@ def test_import_shmvec_does_not_import_sb3_or_torch():
     code = "import sys, shmvec, shmvec.baselines; shmvec.ShmVecEnv; print('torch' in sys.modules, 'stable_baselines3' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("space", ["dict", "tuple"])
+def test_nested_actions_one_per_env_as_sb3_takes_them(closing, space):
+    # SB3 indexes actions per env: for a Dict/Tuple action space they come as a list of samples.
+    from envs_for_tests import EchoActionEnv
+
+    action_space = EchoActionEnv().action_space
+    if space == "tuple":
+        action_space = spaces.Tuple(tuple(action_space.spaces.values()))
+    fns = [lambda: EchoActionEnv(action_space)] * 3
+    ours, ref = SubprocVecEnv(fns, num_workers=2), DummyVecEnv(fns)
+    closing(ours)
+    closing(ref)
+    ours.reset()
+    ref.reset()
+    action_space.seed(0)
+    for _ in range(3):
+        actions = [action_space.sample() for _ in range(3)]
+        np.testing.assert_array_equal(ours.step(actions)[0], ref.step(actions)[0])
+    with pytest.raises(ValueError, match="one sample of"):
+        ours.step([1, 2, 3])
