@@ -10,6 +10,7 @@ variables of BLAS/OpenMP before numpy is first imported.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 from typing import Any
@@ -341,6 +342,10 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
     done pipe (``Connection`` objects, so that every start method can pass them).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns shutdown
+    # Under fork, everything the parent held is inherited, including objects whose destructors
+    # talk to threads that did not survive the fork (a Ray or gRPC client waits forever for
+    # them). Freezing keeps the garbage collector away from every inherited object.
+    gc.freeze()
     for var in _THREAD_VARS:
         os.environ.setdefault(var, "1")
 

@@ -328,3 +328,44 @@ def test_send_skips_the_range_check_of_envs_being_reset():
                 envs.send(np.array([5, 0]), ids)  # a live env would see this one
             envs.send(np.zeros(2, dtype=np.int64), ids)
             live += 1
+
+
+class _Inherited:
+    """A parent-side object in a reference cycle whose finalizer records the process it runs in:
+    a forked worker that collects it would run parent-only cleanup (Ray's gRPC client hangs there)."""
+
+    def __init__(self, path):
+        self.path, self.me = path, self
+
+    def __del__(self):
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+class _CollectingEnv(gym.Wrapper):
+    def collect(self):
+        import gc
+
+        return gc.collect()
+
+
+def test_forked_workers_never_finalize_what_they_inherited(tmp_path):
+    import gc
+
+    path = tmp_path / "finalized"
+    gc.disable()  # keep the cycle alive in the parent until the workers have forked
+    try:
+        _Inherited(str(path))  # unreachable at once, but only a collection can free a cycle
+        envs = shmvec.ShmVecEnv([lambda: _CollectingEnv(gym.make("CartPole-v1"))] * 2, num_workers=2,
+                                step_in_main=False, context="fork")
+    finally:
+        gc.enable()
+    try:
+        envs.call("collect")  # a full collection in each worker
+        pids = set(envs.worker_pids)
+    finally:
+        envs.close()
+    gc.collect()
+    finalized = {int(line) for line in path.read_text().split()} if path.exists() else set()
+    assert finalized == {os.getpid()}  # the parent's copy, once; no worker's
+    assert not finalized & pids
