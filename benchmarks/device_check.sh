@@ -26,5 +26,5 @@ step gpu 140 python3 benchmarks/gpu.py --workloads ${GPU_WORKLOADS:-atari-like,a
 step scaling_cartpole 130 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,2,4,8,16 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_cartpole.json"
 step scaling_real 190 python3 benchmarks/scaling.py --workloads atari-pong,mujoco-ant --num-envs 32 \
-    --engines split-serial,shmvec,shmvec-procs,gym-async-shm --workers 1,4,16 --max-procs 40 \
+    --engines split-serial,shmvec,shmvec-main,gym-async-shm --workers 1,4,16 --max-procs 40 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_real.json"

@@ -6,8 +6,9 @@
 On a shared 2-core VM one engine's wall-clock windows differ by 20-40 % from one to the next,
 far more than the few percent that separate, say, ``rollout`` from a step loop on CartPole.
 Instructions retired do not move from run to run. Each engine is built as ``make bench`` builds
-it, but with ``num_workers=1``: shmvec then steps its only block in the calling process
-(``step_in_main``), so callgrind sees all of the work, the envs' steps and the engine's own.
+it, but with ``num_workers=1`` and ``step_in_main=True`` (``RunSpec.in_process``): shmvec then
+steps its only block in the calling process, so callgrind sees all of the work, the envs' steps
+and the engine's own.
 
 Each cell runs the engine twice under callgrind, with ``A`` and ``B`` timed calls after the same
 warm-up, and reports ``(I_B - I_A) / ((B - A) * steps_per_call * num_envs)``: the instructions
@@ -48,7 +49,7 @@ _COUNT = re.compile(r"Collected\s*:\s*(\d+)")
 def child(engine_key: str, workload_key: str, num_envs: int, calls: int) -> None:
     """Build one engine, warm it up, make ``calls`` timed calls, close it (run under callgrind)."""
     engine = get_engines([engine_key])[0]
-    spec = RunSpec(get_workloads([workload_key])[0], num_envs, num_workers=1)
+    spec = RunSpec(get_workloads([workload_key])[0], num_envs, num_workers=1, in_process=True)
     stepper = engine.build(spec)
     try:
         probe = spec.workload.make_env()

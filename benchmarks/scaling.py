@@ -3,16 +3,16 @@
     make bench-scaling                   # every power of two up to the usable cores (and that count)
     .venv/bin/python benchmarks/scaling.py --workers 1,2,4,8,16 --json results/scaling.json
     .venv/bin/python benchmarks/scaling.py --workloads atari-pong,mujoco-ant --num-envs 32 \
-        --engines split-serial,shmvec,shmvec-procs,gym-async-shm --workers 1,4,16 --max-procs 40
+        --engines split-serial,shmvec,shmvec-main,gym-async-shm --workers 1,4,16 --max-procs 40
 
 At each worker count ``w`` it runs the ``make bench`` cells of the workloads (default CartPole-v1
 and the heavy-tail env) at a fixed ``--num-envs`` (256 by default, so only the number of
 processes changes) for the serial loop and the engines (default: split serial, the machine's
-ceiling at ``w`` processes; shmvec; shmvec with every block in a worker; async collection with
-``batch_size`` = one worker's block). Engines of at most ``w`` processes are measured
+ceiling at ``w`` processes; shmvec with its defaults, every env in a worker; shmvec with a
+block in the calling process; async collection with ``batch_size`` = one worker's block). Engines of at most ``w`` processes are measured
 round-robin (``shmvec.bench.measure.measure_group``), so their ratios are medians of per-round
 ratios; one-process-per-env peers (gym Async) run alone. The table gives, per ``w``, each
-engine over the serial loop, and async over isolated sync ``step`` with the same workers.
+engine over the serial loop, and async over sync ``step`` with the same workers.
 
 Meant for a machine with more cores than this project's 2-core VM (a lent machine): about
 40 s per worker count with the default timing.
@@ -31,21 +31,21 @@ from shmvec.bench.measure import Timing
 from shmvec.bench.sweep import SweepConfig, SweepResult, run_sweep
 
 WORKLOADS = ["cartpole", "heavy-tail"]
-ENGINES = ["serial", "split-serial", "shmvec", "shmvec-procs", "shmvec-async"]
-LABELS = {"split-serial": "ceiling (split serial)", "shmvec": "shmvec", "shmvec-procs": "shmvec isolated",
+ENGINES = ["serial", "split-serial", "shmvec", "shmvec-main", "shmvec-async"]
+LABELS = {"split-serial": "ceiling (split serial)", "shmvec": "shmvec", "shmvec-main": "shmvec block in main",
           "shmvec-async": "async", "gym-async-shm": "gym Async(shm)", "envpool": "EnvPool"}
 
 
 def columns(workloads: list[str], engines: list[str]) -> list[tuple[str, str, str, str]]:
     """``(title, workload, engine, peer)``: every engine over the serial loop, and async over
-    isolated sync ``step`` (both with every block in a worker)."""
+    sync ``step`` with the same workers (both with every env in a worker)."""
     out = []
     for w in workloads:
         for e in engines:
             if e == "serial":
                 continue
-            if e == "shmvec-async" and "shmvec-procs" in engines:
-                out.append((f"{w} async / isolated sync", w, e, "shmvec-procs"))
+            if e == "shmvec-async" and "shmvec" in engines:
+                out.append((f"{w} async / sync", w, e, "shmvec"))
             else:
                 out.append((f"{w} {LABELS.get(e, e)} x serial", w, e, "serial"))
     return out

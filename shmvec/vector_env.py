@@ -66,14 +66,17 @@ class ShmVecEnv(VectorEnv):
         collection, :meth:`step` works). Smaller: asynchronous collection with
         :meth:`send`/:meth:`recv` (``docs/async.md``); it must be a multiple of the block size
         ``num_envs / num_workers``, and ``num_envs`` must divide by ``num_workers``.
-    step_in_main : bool, optional
-        Step the last block in the calling process while the worker processes step theirs:
-        on few cores this is what beats a serial loop (no core idles in a wait). Defaults to
-        ``True`` when ``batch_size == num_envs``, else ``False``. With asynchronous collection
-        and ``True``, :meth:`recv` steps the calling process's block while fewer than a batch's
-        worth of worker blocks sent before it are done: faster for cheap envs on few cores,
-        slower for uneven ones (``docs/async.md``). Set it to ``False`` to keep every env out of the main process (an
-        env that crashes its process then cannot take yours down).
+    step_in_main : bool, default False
+        ``False`` (the default): every env runs in a worker process, so an env that raises,
+        segfaults, calls ``os._exit``, blows up its memory or hangs cannot take the calling
+        process down (it comes back as a :class:`~shmvec.WorkerError` or
+        :class:`~shmvec.WorkerDied`, or a restart with ``on_error="restart"``). ``True`` is an
+        opt-in speed mode: the calling process steps the last block itself while the workers
+        step theirs, which on few cores and cheap envs beats waiting (no core idles). It gives
+        up isolation for that block: an env crash there ends your process, and
+        ``on_error="restart"`` can only recover from exceptions in it. With asynchronous
+        collection and ``True``, :meth:`recv` steps the calling process's block while fewer
+        than a batch's worth of worker blocks sent before it are done (``docs/async.md``).
     autoreset_mode : AutoresetMode or str, default NEXT_STEP
         Gymnasium's autoreset mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED``.
     copy : bool, default True
@@ -118,7 +121,7 @@ class ShmVecEnv(VectorEnv):
         *,
         num_workers: int | None = None,
         batch_size: int | None = None,
-        step_in_main: bool | None = None,
+        step_in_main: bool = False,
         autoreset_mode: str | AutoresetMode = AutoresetMode.NEXT_STEP,
         copy: bool = True,
         context: str | None = None,
@@ -148,9 +151,7 @@ class ShmVecEnv(VectorEnv):
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
         self.num_workers = min(num_workers, self.num_envs)
-        self.batch_size = self._check_batch_size(batch_size, step_in_main)
-        if step_in_main is None:
-            step_in_main = self.batch_size == self.num_envs
+        self.batch_size = self._check_batch_size(batch_size)
         self.copy = copy
         self._pool = WorkerPool(env_fns, self.num_workers, step_in_main, context, self.autoreset_mode.value,
                                 timeout, spin_us)
@@ -204,7 +205,7 @@ class ShmVecEnv(VectorEnv):
         self._batch_lanes = lanes if self.batch_size == self.num_envs else self.batch_size // len(pool.lanes[0])
         self._held: tuple | None = None  # async: (batch, lanes) refused by check_finite, for the next recv
 
-    def _check_batch_size(self, batch_size: int | None, step_in_main: bool | None) -> int:
+    def _check_batch_size(self, batch_size: int | None) -> int:
         n, w = self.num_envs, self.num_workers
         if batch_size is None or batch_size == n:
             return n

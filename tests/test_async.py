@@ -79,11 +79,11 @@ def test_per_env_trajectories_match_synchronous_step(mode, step_in_main):
 @pytest.mark.parametrize("num_envs,num_workers", [(5, 2), (4, 1), (6, 3)])
 def test_send_recv_with_batch_size_num_envs_and_a_block_in_main(num_envs, num_workers):
     """EnvPool's sync mode: send/recv with every env per batch while the calling process steps a
-    block (the default there); uneven blocks allowed. Trajectories equal those of step()."""
+    block (step_in_main=True); uneven blocks allowed. Trajectories equal those of step()."""
     steps = 60
     ref = trajectories_sync(num_envs, steps, AutoresetMode.NEXT_STEP)
     got = {i: [] for i in range(num_envs)}
-    with shmvec.ShmVecEnv([jittery_cartpole] * num_envs, num_workers=num_workers) as envs:
+    with shmvec.ShmVecEnv([jittery_cartpole] * num_envs, num_workers=num_workers, step_in_main=True) as envs:
         assert envs.batch_size == num_envs and envs.worker_pids.__len__() == num_workers - 1
         envs.async_reset(seed=3)
         obs, *_, ids = envs.recv()

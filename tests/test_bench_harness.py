@@ -94,8 +94,9 @@ def test_engine_registry():
     assert ENGINES["envpool"].unsupported(WORKLOADS["atari-like"]) == "EnvPool has no such env"
     assert ENGINES["envpool"].unsupported(WORKLOADS["cartpole"]) is None
     assert ENGINES["gym-async-shm"].processes(spec(64)) == 64
-    assert ENGINES["shmvec"].processes(spec(64, workers=2)) == 1
-    assert ENGINES["shmvec"].processes(spec(1, workers=4)) == 0
+    assert ENGINES["shmvec"].processes(spec(64, workers=2)) == 2  # the default: every env in a worker
+    assert ENGINES["shmvec-main"].processes(spec(64, workers=2)) == 1
+    assert ENGINES["shmvec-main"].processes(spec(1, workers=4)) == 0
     with pytest.raises(ValueError, match="unknown engine"):
         get_engines(["nope"])
 
@@ -662,4 +663,4 @@ def test_instruction_counts_per_env_step(tmp_path, capsys):
     assert len(json.loads(out.read_text())) == 2
     assert "| cartpole | 2 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # starts a worker process even at one worker: its work would not count
-        instructions.main(["--engines", "shmvec-procs"])
+        instructions.main(["--engines", "shmvec-async"])

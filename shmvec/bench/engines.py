@@ -27,6 +27,9 @@ class RunSpec:
     num_envs: int
     num_workers: int  # shmvec's num_workers (the other engines choose their own)
     seed: int = 0
+    # shmvec's synchronous engines step a block in the calling process (step_in_main=True):
+    # instruction counts of the calling process then see every env step.
+    in_process: bool = False
 
     def env_fns(self) -> list[Callable[[], Any]]:
         return [self.workload.make_env] * self.num_envs
@@ -204,18 +207,15 @@ class _RolloutStepper:
 
 
 # -- builders ---------------------------------------------------------------------------------
-def _build_shmvec(spec: RunSpec) -> Stepper:
-    from shmvec.vector_env import ShmVecEnv
+def _build_shmvec(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
+    def build(spec: RunSpec) -> Stepper:
+        from shmvec.vector_env import ShmVecEnv
 
-    workers = min(spec.num_workers, spec.num_envs)
-    return VectorEnvStepper(ShmVecEnv(spec.env_fns(), num_workers=workers), workers)
+        workers = min(spec.num_workers, spec.num_envs)
+        env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=step_in_main or spec.in_process)
+        return VectorEnvStepper(env, workers)
 
-
-def _build_shmvec_procs(spec: RunSpec) -> Stepper:
-    from shmvec.vector_env import ShmVecEnv
-
-    workers = min(spec.num_workers, spec.num_envs)
-    return VectorEnvStepper(ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=False), workers)
+    return build
 
 
 def _build_shmvec_async(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
@@ -240,7 +240,7 @@ def _build_shmvec_loop(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
 
     workers = min(spec.num_workers, spec.num_envs)
-    env = ShmVecEnv(spec.env_fns(), num_workers=workers)
+    env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=spec.in_process)
     return _StepLoopStepper(env, workers, _rollout_actions(spec, env))
 
 
@@ -248,7 +248,7 @@ def _build_shmvec_rollout(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
 
     workers = min(spec.num_workers, spec.num_envs)
-    env = ShmVecEnv(spec.env_fns(), num_workers=workers)
+    env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=spec.in_process)
     return _RolloutStepper(env, workers, _rollout_actions(spec, env))
 
 
@@ -390,20 +390,21 @@ def _none(spec: RunSpec) -> int:
 ENGINES: dict[str, Engine] = {
     e.key: e
     for e in [
-        Engine("shmvec", "shmvec", "ShmVecEnv, num_workers = usable cores, step_in_main",
-               _build_shmvec, lambda s: min(s.num_workers, s.num_envs) - 1),
-        Engine("shmvec-procs", "shmvec workers only", "ShmVecEnv(step_in_main=False): every block in a worker, "
-               "the layout async collection uses", _build_shmvec_procs, lambda s: min(s.num_workers, s.num_envs)),
+        Engine("shmvec", "shmvec", "ShmVecEnv(num_workers = usable cores): the defaults, every env in a worker",
+               _build_shmvec(False), lambda s: min(s.num_workers, s.num_envs)),
+        Engine("shmvec-main", "shmvec, block in main", "ShmVecEnv(step_in_main=True): the calling process steps "
+               "one block (opt-in speed mode, no isolation for that block)", _build_shmvec(True),
+               lambda s: min(s.num_workers, s.num_envs) - 1),
         Engine("shmvec-async", "shmvec async", "ShmVecEnv(batch_size = num_envs / num_workers): send/recv, "
                "every block in a worker", _build_shmvec_async(False), lambda s: min(s.num_workers, s.num_envs)),
         Engine("shmvec-async-main", "shmvec async, block in main", "ShmVecEnv(batch_size = num_envs / "
                "num_workers, step_in_main=True): send/recv, the calling process steps one block while it waits",
                _build_shmvec_async(True), lambda s: min(s.num_workers, s.num_envs) - 1),
         Engine("shmvec-loop", "shmvec step loop", f"ShmVecEnv.step in a PPO loop copying each step into "
-               f"[T={ROLLOUT_STEPS}, N] buffers", _build_shmvec_loop, lambda s: min(s.num_workers, s.num_envs) - 1,
+               f"[T={ROLLOUT_STEPS}, N] buffers", _build_shmvec_loop, lambda s: min(s.num_workers, s.num_envs),
                supports=_rollout_supports),
         Engine("shmvec-rollout", "shmvec rollout", f"ShmVecEnv.rollout(policy, {ROLLOUT_STEPS}): workers write "
-               "the [T, N] buffers in place", _build_shmvec_rollout, lambda s: min(s.num_workers, s.num_envs) - 1,
+               "the [T, N] buffers in place", _build_shmvec_rollout, lambda s: min(s.num_workers, s.num_envs),
                supports=_rollout_supports),
         # Before the process-per-env peers: what they leave running for a while after close
         # (measured: 1.45x instead of 1.79x right after SB3 at 32 envs) would slow a 2-process ceiling.

@@ -52,9 +52,9 @@ TARGETS: list[Target] = [
     Target("heavy-tail env: ahead of every other engine, at every size", "heavy-tail", None, None, 1.0, strict=True),
     # Async against sync step with the same envs and workers (every block in a worker).
     Target("heavy-tail env at 32 envs: async (batch_size 16) >= 1.3x sync step, same workers", "heavy-tail", 32,
-           "shmvec-procs", 1.3, engine="shmvec-async"),
+           "shmvec", 1.3, engine="shmvec-async"),
     Target("CartPole: async no slower than sync step with the same workers, at every size", "cartpole", None,
-           "shmvec-procs", 1.0, engine="shmvec-async"),
+           "shmvec", 1.0, engine="shmvec-async"),
     # Rollouts written in place against the step loop a PPO user writes, same envs and workers.
     Target("CartPole: rollout() faster than a step loop filling [T, N] buffers, at every size", "cartpole", None,
            "shmvec-loop", 1.0, strict=True, engine="shmvec-rollout"),
