@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
+BENCH_STAMP := $(VENV)/.stamp-bench
 
 .PHONY: test conformance bench bench-quick bench-docs bench-micro bench-ray bench-scaling bench-gpu bench-instructions venv clean
 
@@ -14,6 +15,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The benchmarks also measure real envs (Atari, MuJoCo) and EnvPool: optional, each reported as
+# not run when it does not install here.
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,atari,mujoco]' || echo "the atari/mujoco extras did not install: make bench reports those envs as not run"
+	$(PY) -m pip install --quiet envpool || echo "envpool did not install: make bench reports it as not run"
+	touch $(BENCH_STAMP)
+
 test: $(STAMP)
 	$(PY) -m pytest -q
 
@@ -22,24 +30,24 @@ test: $(STAMP)
 conformance: $(STAMP)
 	$(PY) tests/conformance/run.py
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(PY) -m shmvec bench
 
-bench-quick: $(STAMP)
+bench-quick: $(BENCH_STAMP)
 	$(PY) -m shmvec bench --quick
 
-bench-docs: $(STAMP)
+bench-docs: $(BENCH_STAMP)
 	$(PY) -m shmvec bench --write-docs
 
 # RayVecEnv.rollout against a local ShmVecEnv.rollout (its own local Ray cluster).
 bench-ray: $(STAMP)
 	$(PY) benchmarks/ray_rollout.py --json results/ray_rollout.json
 
-bench-scaling: $(STAMP)
+bench-scaling: $(BENCH_STAMP)
 	$(PY) benchmarks/scaling.py --json results/scaling.json
 
 # TorchVecEnv's pinned asynchronous copies against torch.as_tensor(obs).to(device) (a GPU if torch sees one).
-bench-gpu: $(STAMP)
+bench-gpu: $(BENCH_STAMP)
 	$(PY) benchmarks/gpu.py --json results/gpu.json
 
 # Instructions per env step under valgrind's callgrind (needs valgrind): immune to a noisy machine.

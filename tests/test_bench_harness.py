@@ -241,6 +241,21 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
     assert paired.ratio("w", 8, "x", "missing") is None
     target = Target("t", "w", 8, "y", 1.9, engine="x")
     assert evaluate(paired, [target])[0].status == "met" and evaluate(apart, [target])[0].status == "missed"
+    assert paired.round_ratios("w", 8, "x", "y") == pytest.approx([2.0, 3.0, 1.5]) and apart.round_ratios(
+        "w", 8, "x", "y") == []
+    # the report gives the spread of the rounds beside their median
+    assert evaluate(paired, [target])[0].detail == "2.00x (median of 3 rounds, rounds 1.50-3.00)"
+    assert evaluate(apart, [target])[0].detail == "1.80x"
+
+
+def test_real_envs_run_at_their_own_size_and_only_when_named_in_a_quick_sweep():
+    plan = plan_sweep(SweepConfig(workloads=["atari-pong", "cartpole"], engines=["serial"], num_envs=[8, 32]))
+    assert sorted({(p.workload.key, p.num_envs) for p in plan}) == [("atari-pong", 16), ("cartpole", 8),
+                                                                    ("cartpole", 32)]
+    quick = {p.workload.key for p in plan_sweep(SweepConfig.quick_preset(engines=["serial"]))}
+    assert "cartpole" in quick and not quick & {"atari-pong", "mujoco-ant", "mujoco-halfcheetah"}
+    full = {p.workload.key for p in plan_sweep(SweepConfig.full(engines=["serial"]))}
+    assert {"atari-pong", "mujoco-ant", "mujoco-halfcheetah"} <= full and "atari-breakout" not in full
 
 
 def test_sweep_measures_light_engines_together_and_peers_alone():
@@ -292,7 +307,7 @@ def test_caps_skip_sizes_with_too_many_processes():
 def test_presets_and_unknown_names():
     quick, full = SweepConfig.quick_preset(), SweepConfig.full()
     assert quick.quick and quick.timing.seconds < full.timing.seconds and max(quick.num_envs) < max(full.num_envs)
-    assert 256 in full.num_envs and full.timing.repeats == 3
+    assert 256 in full.num_envs and full.timing.repeats >= 5  # targets are medians of >= 5 per-round ratios
     with pytest.raises(ValueError, match="unknown workload"):
         plan_sweep(SweepConfig(workloads=["nope"]))
 

@@ -76,8 +76,9 @@ class SweepConfig:
 
     @classmethod
     def full(cls, **overrides: Any) -> SweepConfig:
-        """The default ``make bench`` sweep: under 10 minutes on 2 cores."""
-        return replace(cls(), **overrides)
+        """The default ``make bench`` sweep: about 15 minutes on 2 cores. Five rounds per cell, so
+        that every ratio is a median of five per-round ratios."""
+        return replace(cls(timing=Timing(seconds=0.8, repeats=5, warmup=0.2)), **overrides)
 
     @classmethod
     def quick_preset(cls, **overrides: Any) -> SweepConfig:
@@ -118,12 +119,14 @@ class PlannedRun:
 def plan_sweep(config: SweepConfig) -> list[PlannedRun]:
     """Every cell of the sweep in run order, with the skips decided up front."""
     workloads = get_workloads(config.workloads)
+    if config.quick and config.workloads is None:
+        workloads = [w for w in workloads if not w.sizes]  # the real envs: only when named
     engines = get_engines(config.engines)
     missing = {e.key: e.unavailable() for e in engines}
     free_mb = available_mb()
     plan = []
     for workload in workloads:
-        for n in sorted(set(config.num_envs)):
+        for n in sorted(set(workload.sizes or config.num_envs)):
             spec = RunSpec(workload, n, config.workers(), config.seed)
             for engine in engines:
                 procs = engine.processes(spec)
@@ -167,12 +170,20 @@ class SweepResult:
         For runs measured round-robin, the median of the per-round ratios (each from two windows
         that ran moments apart); otherwise the ratio of the medians.
         """
+        rounds = self.round_ratios(workload, num_envs, engine, peer)
+        if rounds:
+            return statistics.median(rounds)
         a, b = self.get(workload, num_envs, engine), self.get(workload, num_envs, peer)
         if a is None or b is None or not a.ok or not b.ok or not b.steps_per_s:
             return None
-        if a.paired_with(b) and all(y > 0 for y in b.repeats):
-            return statistics.median(x / y for x, y in zip(a.repeats, b.repeats))
         return a.steps_per_s / b.steps_per_s
+
+    def round_ratios(self, workload: str, num_envs: int, engine: str, peer: str) -> list[float]:
+        """The per-round ratios of two runs measured round-robin (empty for unpaired runs)."""
+        a, b = self.get(workload, num_envs, engine), self.get(workload, num_envs, peer)
+        if a is None or b is None or not a.ok or not b.ok or not a.paired_with(b) or not all(y > 0 for y in b.repeats):
+            return []
+        return [x / y for x, y in zip(a.repeats, b.repeats)]
 
     def workloads(self) -> list[str]:
         return list(dict.fromkeys(r.workload for r in self.results))

@@ -18,7 +18,8 @@ class Target:
     """``shmvec steps/s >= min_ratio x peer steps/s`` (``> min_ratio`` when ``strict``).
 
     ``num_envs=None`` checks every size measured; ``peer=None`` checks every other engine.
-    The worst ratio found is the one reported.
+    The worst ratio found is the one reported. A ratio is the median of the per-round ratios
+    where both engines took their windows in turn (reported with their spread).
     """
 
     text: str
@@ -43,7 +44,8 @@ class Outcome:
     detail: str
 
 
-# Set for shmvec with 2 workers on 2 cores (the report says how many it measured with).
+# Set for shmvec at its defaults (every env in a worker) with 2 workers on 2 cores (the report says
+# how many it measured with).
 TARGETS: list[Target] = [
     Target("Atari-like at 128 envs: >= 3x gym SyncVectorEnv", "atari-like", 128, "gym-sync", 3.0),
     Target("Atari-like at 128 envs: >= 20x gym AsyncVectorEnv(shared_memory=True)", "atari-like", 128,
@@ -60,9 +62,16 @@ TARGETS: list[Target] = [
            "shmvec-loop", 1.0, strict=True, engine="shmvec-rollout"),
     Target("Atari-like: rollout() faster than a step loop filling [T, N] buffers, at every size", "atari-like",
            None, "shmvec-loop", 1.0, strict=True, engine="shmvec-rollout"),
-    # The core engine on CartPole (issue 2), against the serial loop and Gymnasium's AsyncVectorEnv.
-    Target("CartPole at 32 envs: >= 1.4x the serial loop", "cartpole", 32, "serial", 1.4),
-    Target("CartPole at 128 envs: >= 1.7x the serial loop", "cartpole", 128, "serial", 1.7),
+    # Against this machine's ceiling (split serial: num_workers processes that never talk), measured
+    # in the same rounds: what a 2-core VM delivers moves from minute to minute, these ratios much less.
+    Target("CartPole at 32 envs: >= 0.75x the ceiling (split serial)", "cartpole", 32, CEILING, 0.75),
+    Target("CartPole at 128 envs: >= 0.85x the ceiling (split serial)", "cartpole", 128, CEILING, 0.85),
+    Target("Atari-like at 128 envs: rollout() >= 0.8x the ceiling (split serial)", "atari-like", 128, CEILING, 0.8,
+           engine="shmvec-rollout"),
+    Target("Atari Pong at 16 envs: >= 0.9x the ceiling (split serial)", "atari-pong", 16, CEILING, 0.9),
+    Target("Atari Pong at 16 envs: >= 1.5x gym AsyncVectorEnv(shared_memory=True)", "atari-pong", 16,
+           "gym-async-shm", 1.5),
+    Target("MuJoCo Ant at 16 envs: >= 0.9x the ceiling (split serial)", "mujoco-ant", 16, CEILING, 0.9),
     Target("CartPole at 32 envs: >= 10x gym AsyncVectorEnv(shared_memory=True)", "cartpole", 32,
            "gym-async-shm", 10.0),
 ]
@@ -96,8 +105,10 @@ def _check(sweep: SweepResult, t: Target) -> Outcome:
         return Outcome(t, "not measured", None, why)
     ratio, n, peer = min(pairs)
     status = "met" if t.holds(ratio) else "missed"
+    rounds = sweep.round_ratios(t.workload, n, t.engine, peer)
+    spread = f", rounds {min(rounds):.2f}-{max(rounds):.2f}" if len(rounds) > 1 else ""
     if t.peer is None or t.num_envs is None:
-        detail = f"worst: {ratio:.2f}x vs {sweep.engine_label(peer)} at {n} envs ({len(pairs)} pairs)"
+        detail = f"worst: {ratio:.2f}x vs {sweep.engine_label(peer)} at {n} envs ({len(pairs)} pairs{spread})"
     else:
-        detail = f"{ratio:.2f}x"
+        detail = f"{ratio:.2f}x (median of {len(rounds)} rounds{spread})" if rounds else f"{ratio:.2f}x"
     return Outcome(t, status, ratio, detail)

@@ -59,6 +59,7 @@ class AtariMake:
 _ATARI = ("ale_py", "cv2")  # AtariPreprocessing resizes with OpenCV
 _MUJOCO = ("mujoco", "imageio")  # gymnasium.envs.mujoco imports imageio for rendering
 _PACKAGES = {"ale_py": "ale-py", "cv2": "opencv-python-headless"}
+REAL_SIZES = (16,)  # real envs cost 40-300 us a step: one size, the one their targets name
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,10 @@ class Workload:
         Modules the env needs (optional extras); when one does not import, the workload's runs
         are reported as skipped.
     default : bool
-        Part of a sweep that names no workloads; the real Atari and MuJoCo envs run when named.
+        Part of a sweep that names no workloads (Breakout runs when named).
+    sizes : tuple of int
+        Fixed sizes to measure it at (the real envs: 16, the size their targets name); empty:
+        the sweep's own sizes. A quick sweep leaves out fixed-size workloads it was not asked for.
     """
 
     key: str
@@ -91,6 +95,7 @@ class Workload:
     envpool_id: str | None = None
     requires: tuple[str, ...] = ()
     default: bool = True
+    sizes: tuple[int, ...] = ()
 
     def unavailable(self) -> str | None:
         """Why this workload cannot run here (its package is missing), or ``None``."""
@@ -119,13 +124,14 @@ def _workloads() -> dict[str, Workload]:
         Workload("heavy-tail", "heavy-tail 10us/5ms", "95 % of steps 10 us, 5 % 5 ms (seeded draws)",
                  _synthetic("HeavyTailEnv", step_us=10.0, slow_us=5000.0, slow_prob=0.05)),
         Workload("atari-pong", "Atari Pong", "ALE Pong, AtariPreprocessing + 4-frame stack (1 step = 4 frames)",
-                 AtariMake("Pong"), envpool_id="Pong-v5", requires=_ATARI, default=False),
+                 AtariMake("Pong"), envpool_id="Pong-v5", requires=_ATARI, sizes=REAL_SIZES),
         Workload("atari-breakout", "Atari Breakout", "ALE Breakout, AtariPreprocessing + 4-frame stack",
-                 AtariMake("Breakout"), envpool_id="Breakout-v5", requires=_ATARI, default=False),
+                 AtariMake("Breakout"), envpool_id="Breakout-v5", requires=_ATARI, default=False,
+                 sizes=REAL_SIZES),
         Workload("mujoco-halfcheetah", "MuJoCo HalfCheetah", "HalfCheetah-v5 (mujoco), 17 floats observation",
-                 GymMake("HalfCheetah-v5"), envpool_id="HalfCheetah-v5", requires=_MUJOCO, default=False),
+                 GymMake("HalfCheetah-v5"), envpool_id="HalfCheetah-v5", requires=_MUJOCO, sizes=REAL_SIZES),
         Workload("mujoco-ant", "MuJoCo Ant", "Ant-v5 (mujoco), 105 floats observation",
-                 GymMake("Ant-v5"), envpool_id="Ant-v5", requires=_MUJOCO, default=False),
+                 GymMake("Ant-v5"), envpool_id="Ant-v5", requires=_MUJOCO, sizes=REAL_SIZES),
     ]
     return {w.key: w for w in items}
 
