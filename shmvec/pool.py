@@ -1,9 +1,10 @@
 """The engine behind a vector env: worker processes, the shared segment, one command round at a time.
 
-A :class:`WorkerPool` splits ``num_envs`` envs into contiguous blocks ("lanes"). Each lane but
-optionally the last runs in its own worker process; with ``step_in_main`` the last lane is an
-:class:`~shmvec.worker.EnvBlock` stepped by the calling process itself while the workers step
-theirs, so on an N-core machine N blocks run at once and no core idles in a wait.
+A :class:`WorkerPool` splits ``num_envs`` envs into contiguous blocks ("lanes"). Each lane runs
+in its own worker process, so no env can take the calling process down. With ``step_in_main``
+(an opt-in speed mode) the last lane is an :class:`~shmvec.worker.EnvBlock` stepped by the
+calling process itself while the workers step theirs, so on an N-core machine N blocks run at
+once and no core idles in a wait.
 
 The pool knows nothing of the Gymnasium API: it runs protocol commands and returns replies.
 """

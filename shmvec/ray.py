@@ -128,7 +128,8 @@ class RayVecEnv(VectorEnv):
         Actors to spread the envs over (contiguous blocks, larger ones first). Default: the
         cluster's CPUs divided by ``num_workers_per_actor``, at most ``len(env_fns)``.
     num_workers_per_actor : int, default 1
-        ``num_workers`` of each actor's ShmVecEnv (with 1, the actor steps its envs itself).
+        ``num_workers`` of each actor's ShmVecEnv: worker processes of the actor, each stepping a
+        block of its envs (pass ``step_in_main=True`` to have the actor step one block itself).
     actor_options : dict, optional
         Ray actor options; default ``{"num_cpus": num_workers_per_actor, "scheduling_strategy":
         "SPREAD"}`` (one actor per node where the cluster allows).
