@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 import time
 
 import numpy as np
@@ -284,3 +285,28 @@ def test_non_finite_values_are_caught_on_request(fault, match):
         envs.reset(seed=0)
         for _ in range(3):
             envs.step(np.zeros(4, dtype=np.int64))
+
+
+@pytest.mark.parametrize("command", ["call", "reset_options", "set_attr", "rollout"])
+def test_worker_killed_while_idle_is_reported_by_a_command_with_a_payload(command):
+    """The OOM killer (or a user's kill) may strike a worker between commands. The next command
+    that sends it a pickled payload raises WorkerDied (it was a bare BrokenPipeError), and the
+    other worker, which got its payload, is not left waiting for it (closing took 5 s)."""
+    import os
+
+    envs = shmvec.ShmVecEnv(faulty(4, "none", 0), num_workers=2)
+    envs.reset(seed=0)
+    os.kill(envs.worker_pids[0], signal.SIGKILL)
+    time.sleep(0.1)  # let it die
+    t0 = time.monotonic()
+    with pytest.raises(shmvec.WorkerDied, match=r"worker 0 \(envs 0\.\.1\) was killed by SIGKILL"):
+        if command == "call":
+            envs.call("double", 1)
+        elif command == "reset_options":
+            envs.reset(options={"scale": 2.0})
+        elif command == "set_attr":
+            envs.set_attr("at", 5)
+        else:
+            envs.rollout(lambda obs: np.zeros(4, dtype=np.int64), 2)
+    assert envs.closed
+    assert time.monotonic() - t0 < 2.0
