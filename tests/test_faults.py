@@ -534,3 +534,16 @@ def test_worker_killed_while_idle_is_reported_by_a_command_with_a_payload(comman
             envs.rollout(lambda obs: np.zeros(4, dtype=np.int64), 2)
     assert envs.closed
     assert time.monotonic() - t0 < 2.0
+
+
+def test_worker_killed_while_idle_is_restarted_by_the_next_step():
+    import os
+
+    envs = shmvec.ShmVecEnv(faulty(4, "none", 0), num_workers=2, on_error="restart")
+    envs.reset(seed=0)
+    os.kill(envs.worker_pids[0], signal.SIGKILL)
+    time.sleep(0.1)
+    infos = envs.step(np.zeros(4, dtype=np.int64))[4]
+    assert infos["_restarted"].tolist() == [True, True, False, False]
+    assert re.search(r"worker 0 \(envs 0\.\.1\) was killed by SIGKILL", str(envs.restarts[0][2]))
+    envs.close()
