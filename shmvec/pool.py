@@ -386,11 +386,18 @@ class WorkerPool:
         if payloads is not None:
             for w in procs:
                 if payloads[w] is not None:
-                    self.conns[w].send(payloads[w])
-                    if fd is not None:
-                        from multiprocessing.reduction import send_handle
+                    try:
+                        self.conns[w].send(payloads[w])
+                        if fd is not None:
+                            from multiprocessing.reduction import send_handle
 
-                        send_handle(self.conns[w], fd, self.procs[w].pid)
+                            send_handle(self.conns[w], fd, self.procs[w].pid)
+                    except (BrokenPipeError, ConnectionResetError):
+                        # The worker died since its last command (the OOM killer strikes any
+                        # time). The other lanes still get their payloads, or they would wait
+                        # for them forever; the wait reports this one as WorkerDied (its
+                        # sentinel is ready and its DONE never comes).
+                        pass
         if main is not None:
             # Deferred to wait(): the main process steps its block while it would otherwise
             # wait for the workers, and only then, so it keeps handing out their batches first.

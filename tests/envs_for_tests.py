@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
+import multiprocessing as mp
 import os
+import resource
 import signal
 import time
 
@@ -68,13 +72,57 @@ class NestedEnv(gym.Env):
         return 2 * x
 
 
-class FaultyEnv(gym.Env):
-    """CartPole-like spaces; misbehaves in the way ``fault`` names, at step ``at``."""
+# The memory faults may only ever limit a worker process: an rlimit set in the test process
+# itself would stay for the rest of the session (and a blow-up there would hit the machine).
+def _in_worker_only(fault: str) -> None:
+    if mp.parent_process() is None:
+        raise RuntimeError(f"FaultyEnv({fault!r}) refuses to run outside a worker process")
 
-    def __init__(self, fault: str = "none", at: int = 3) -> None:
+
+def _cap_address_space(extra: int) -> None:
+    """Cap this process's address space at its current size plus ``extra`` bytes (soft limit
+    only, so it binds this process and the children it might start, nothing else)."""
+    with open("/proc/self/statm") as f:
+        size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = size + extra
+    resource.setrlimit(resource.RLIMIT_AS, (soft if hard == resource.RLIM_INFINITY else min(soft, hard), hard))
+
+
+# Chunks of the memory blow-up, and how many fit under the cap: the cap leaves half a chunk of
+# headroom, so the failing allocation is always the (HOG_CHUNKS + 1)-th and the worker keeps
+# enough memory to format and send its error report.
+HOG_CHUNK = 32 << 20
+HOG_CHUNKS = 4
+
+
+class FaultyEnv(gym.Env):
+    """CartPole-like spaces; misbehaves in the way ``fault`` names, at step ``at``.
+
+    Faults of ``step``: ``raise`` (an exception), ``exit`` (``os._exit(3)``), ``kill`` (SIGKILL
+    to itself), ``segfault`` (a real one: a NULL read in native code), ``hang``, ``memory`` (an
+    unbounded allocation loop that ends in ``MemoryError``), ``oom_kill`` (the kernel OOM
+    killer's way: memory grows, then SIGKILL), and the bad outputs ``shape``, ``dtype``,
+    ``nan_obs``, ``inf_reward``. ``construct`` and ``reset`` fail there.
+
+    The memory faults never threaten the machine: the env first caps its own process's address
+    space (``RLIMIT_AS``) a little above what it uses, so ``memory`` fails after
+    ``HOG_CHUNKS`` chunks of ``HOG_CHUNK`` bytes, and ``oom_kill`` stays below the cap. A real
+    OOM kill is not triggered on purpose: on a shared machine the kernel may pick another
+    process. What the vector env sees of one (a worker gone by SIGKILL, its memory resident) is
+    what ``oom_kill`` does. Both refuse to run outside a worker process.
+
+    ``crash_dump=False`` turns off Python's fault handler before the segfault: a forked
+    worker inherits pytest's, which would print the worker's stack past pytest's capture into
+    the test log. ``True`` leaves it as the worker has it (a user's program that enables it
+    gets the crashed env's stack on stderr).
+    """
+
+    def __init__(self, fault: str = "none", at: int = 3, *, crash_dump: bool = False) -> None:
         if fault == "construct":
             raise RuntimeError("constructor exploded")
         self.fault, self.at, self.t = fault, at, 0
+        self.crash_dump = crash_dump
         self.observation_space = spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
         self.action_space = spaces.Discrete(2)
 
@@ -95,8 +143,22 @@ class FaultyEnv(gym.Env):
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.fault == "exit":
                 os._exit(3)
+            if self.fault == "segfault":
+                # No core file: the kernel would write one per test run where cores are on.
+                resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+                if not self.crash_dump:
+                    faulthandler.disable()
+                ctypes.string_at(0)  # reads address 0: SIGSEGV (faulthandler, if on, prints first)
             if self.fault == "hang":
                 time.sleep(60)
+            if self.fault in ("memory", "oom_kill"):
+                _in_worker_only(self.fault)
+                _cap_address_space(HOG_CHUNKS * HOG_CHUNK + HOG_CHUNK // 2)
+                # Held by the env, as a leak is: still there while the error is reported.
+                self.hog = []
+                for _ in range(HOG_CHUNKS if self.fault == "oom_kill" else 1 << 20):
+                    self.hog.append(b"x" * HOG_CHUNK)  # written, so resident, not just reserved
+                os.kill(os.getpid(), signal.SIGKILL)
             if self.fault == "shape":
                 obs = np.zeros(5, dtype=np.float32)
             if self.fault == "dtype":
@@ -169,3 +231,30 @@ class EchoActionEnv(gym.Env):
     def step(self, action):
         obs = gym.spaces.flatten(self.action_space, action).astype(self.observation_space.dtype)
         return obs, 0.0, False, False, {}
+
+
+class PidEnv(gym.Env):
+    """Observes the id of the process that built it and of the one that ran its latest
+    ``reset``/``step``: shows where a vector env runs its envs."""
+
+    def __init__(self) -> None:
+        self.observation_space = spaces.Box(0.0, np.inf, shape=(2,), dtype=np.float64)  # pids are exact in float64
+        self.action_space = spaces.Discrete(2)
+        self.built_in = os.getpid()
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.built_in, os.getpid()], dtype=np.float64)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._obs(), {}
+
+    def step(self, action):
+        return self._obs(), 0.0, False, False, {}
+
+
+# Registered for shmvec.make. Made as "envs_for_tests:<id>", gym.make imports this module first,
+# so the ids resolve in a spawned worker too.
+for _id, _entry in (("shmvec-tests/Faulty-v0", FaultyEnv), ("shmvec-tests/Pid-v0", PidEnv)):
+    if _id not in gym.registry:
+        gym.register(id=_id, entry_point=_entry)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import re
+import signal
 import time
 
 import numpy as np
@@ -284,3 +286,264 @@ def test_non_finite_values_are_caught_on_request(fault, match):
         envs.reset(seed=0)
         for _ in range(3):
             envs.step(np.zeros(4, dtype=np.int64))
+
+
+# -- the fault suite: every kind of env death, every start method, default settings ------------
+# Three envs in two workers: env 1 fails, in worker 0 next to a healthy env 0; worker 1 (env 2)
+# is never at fault. Nothing but `context`, `on_error` and, for the hang, `timeout` is set:
+# every env runs in a worker, as by default.
+CONTEXTS = ["fork", "forkserver", "spawn"]
+HANG_TIMEOUT = 0.3
+# fault -> (what the caller gets, its message); WorkerDied names the exit code or the signal.
+DEATHS = {
+    "raise": (shmvec.WorkerError, r"env 1 \(worker 0\) raised ZeroDivisionError during step: step exploded"),
+    "exit": (shmvec.WorkerDied, r"worker 0 \(envs 0\.\.1\) exited with code 3$"),
+    "kill": (shmvec.WorkerDied, r"worker 0 \(envs 0\.\.1\) was killed by SIGKILL$"),
+    "segfault": (shmvec.WorkerDied, r"worker 0 \(envs 0\.\.1\) was killed by SIGSEGV$"),
+    "hang": (shmvec.StepTimeout, rf"worker 0 \(envs 0\.\.1\) did not finish within timeout={HANG_TIMEOUT} s"),
+    "memory": (shmvec.WorkerError, r"env 1 \(worker 0\) raised MemoryError during step"),
+    "oom_kill": (shmvec.WorkerDied, r"worker 0 \(envs 0\.\.1\) was killed by SIGKILL$"),
+}
+NO_ACTION = np.zeros(3, dtype=np.int64)
+
+
+def _suite_env(fault: str, context: str, on_error: str) -> shmvec.ShmVecEnv:
+    extra = {"timeout": HANG_TIMEOUT} if fault == "hang" else {}
+    return shmvec.ShmVecEnv(faulty(3, fault, 1, at=2), num_workers=2, context=context, on_error=on_error, **extra)
+
+
+def _check_error(err: Exception, fault: str) -> None:
+    """The error names what failed and where, and carries the worker's own account."""
+    kind, match = DEATHS[fault]
+    assert type(err) is kind and re.search(match, str(err)), str(err)
+    if kind is shmvec.WorkerError:
+        assert (err.env_index, err.worker_index, err.phase) == (1, 0, "step")
+        assert err.exc_type == ("MemoryError" if fault == "memory" else "ZeroDivisionError")
+        assert "envs_for_tests.py" in err.remote_traceback
+    if kind is shmvec.WorkerDied:
+        assert (err.worker_index, err.envs) == (0, range(0, 2))
+        assert err.exitcode == {"exit": 3, "segfault": -signal.SIGSEGV}.get(fault, -signal.SIGKILL)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("fault", list(DEATHS))
+def test_every_death_raises_a_clear_error_and_closes(fault, context):
+    """on_error="raise" (the default): the step raises the shmvec error that says what happened,
+    at once (the hang: at its timeout), and the vector env closes, its workers gone.
+
+    The memory blow-ups are made safe for a shared machine: the env caps its own worker's
+    address space (RLIMIT_AS) just above what it uses before allocating, so ``memory`` ends in a
+    MemoryError after 128 MiB, and ``oom_kill`` plays the kernel OOM killer (resident memory,
+    then SIGKILL) instead of provoking the real one, which may pick any process.
+    """
+    envs = _suite_env(fault, context, "raise")
+    pids = envs.worker_pids
+    envs.reset(seed=0)
+    envs.step(NO_ACTION)
+    t0 = time.monotonic()
+    with pytest.raises(shmvec.ShmVecError) as info:
+        envs.step(NO_ACTION)
+    assert time.monotonic() - t0 < 2.0 + (HANG_TIMEOUT if fault == "hang" else 0.0)
+    _check_error(info.value, fault)
+    assert envs.closed
+    assert _gone(pids, 3.0)
+    with pytest.raises(shmvec.ClosedError):
+        envs.step(NO_ACTION)
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("fault", list(DEATHS))
+def test_every_death_restarts_its_worker(fault, context):
+    """on_error="restart": the failed worker is replaced (a new process) and its envs start new
+    episodes in the same step, flagged in infos["restarted"]; the other worker and the step
+    after are untouched."""
+    envs = _suite_env(fault, context, "restart")
+    envs.reset(seed=0)
+    envs.step(NO_ACTION)
+    old = envs.worker_pids
+    obs, rew, term, trunc, infos = envs.step(NO_ACTION)
+    assert infos["_restarted"].tolist() == [True, True, False] and infos["restarted"][:2].all()
+    assert trunc.tolist() == [True, True, False] and not term.any()
+    assert rew.tolist() == [0.0, 0.0, 1.0]
+    new = envs.worker_pids
+    assert new[0] != old[0] and new[1] == old[1]
+    assert _gone(old[:1], 3.0)  # the failed worker, dead or alive (an exception), is stopped
+    [(w, lanes, err)] = envs.restarts
+    assert (w, lanes) == (0, range(0, 2))
+    _check_error(err, fault)
+    obs, rew, term, trunc, infos = envs.step(NO_ACTION)  # an ordinary step
+    assert "restarted" not in infos and not trunc.any() and rew.tolist() == [1.0, 1.0, 1.0]
+    envs.close()
+
+
+CRASH_SCRIPT = r"""
+import functools, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+import shmvec
+from envs_for_tests import FaultyEnv
+
+def fns(fault, bad_env):
+    return [functools.partial(FaultyEnv, fault if i == bad_env else "none", 2, crash_dump=True) for i in range(2)]
+
+for fault in ("segfault", "exit"):
+    for on_error in ("raise", "restart"):
+        envs = shmvec.ShmVecEnv(fns(fault, 0), num_workers=2, context={context!r}, on_error=on_error)
+        print("PIDS", *envs.worker_pids, flush=True)
+        envs.reset(seed=0)
+        try:
+            for _ in range(3):
+                envs.step(np.zeros(2, dtype=np.int64))
+            print(fault, on_error, "restarted:", *[str(err) for _, _, err in envs.restarts], flush=True)
+            print("PIDS", *envs.worker_pids, flush=True)
+        except shmvec.WorkerDied as err:
+            print(fault, on_error, "raised:", err, flush=True)
+        envs.close()
+print("ALIVE", flush=True)
+# What step_in_main=True gives up: env 1 runs in this process, and its os._exit ends it.
+envs = shmvec.ShmVecEnv(fns("exit", 1), num_workers=2, context={context!r}, step_in_main=True)
+print("PIDS", *envs.worker_pids, flush=True)
+envs.reset(seed=0)
+for _ in range(3):
+    envs.step(np.zeros(2, dtype=np.int64))
+print("UNREACHABLE", flush=True)
+"""
+
+
+@pytest.mark.parametrize("context", CONTEXTS)
+def test_caller_survives_segfault_and_exit_in_a_worker(context):
+    """Run in a process of its own, which the test watches: by default a segfaulting or
+    os._exit-ing env leaves its caller running (an error or a restart), with Python's fault
+    handler on (-X faulthandler, as many training scripts have it), whose dump of the crashed
+    worker's stack reaches stderr. The last env, opted into the caller with step_in_main=True,
+    does end it: that is what the speed mode gives up. Nothing is left behind either way."""
+    import os
+    import subprocess
+    import sys
+
+    code = CRASH_SCRIPT.format(tests=os.path.dirname(__file__), context=context)
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # a test that fails leaves nothing running either
+    out = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    lines = out.stdout.splitlines()
+    assert [line for line in lines if not line.startswith("PIDS")] == [
+        "segfault raise raised: worker 0 (envs 0..0) was killed by SIGSEGV",
+        "segfault restart restarted: worker 0 (envs 0..0) was killed by SIGSEGV",
+        "exit raise raised: worker 0 (envs 0..0) exited with code 3",
+        "exit restart restarted: worker 0 (envs 0..0) exited with code 3",
+        "ALIVE",
+    ], out.stdout + out.stderr
+    assert out.returncode == 3, out.stderr
+    assert "Fatal Python error: Segmentation fault" in out.stderr and "envs_for_tests.py" in out.stderr
+    pids = [int(pid) for line in lines if line.startswith("PIDS") for pid in line.split()[1:]]
+    assert len(pids) == 4 * 2 + 2 * 2 + 1 and _gone(pids, 3.0)  # the restarts' new workers too
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"shmvec_{proc.pid}_")]
+
+
+def _sb3_env(fns, **kwargs):
+    sb3 = pytest.importorskip("shmvec.sb3", reason="the sb3 extra is part of dev")
+    return sb3.SubprocVecEnv(fns, **kwargs)
+
+
+def _baselines_env(fns, **kwargs):
+    return shmvec.SubprocVecEnv(fns, **kwargs)
+
+
+@pytest.mark.parametrize("fault, on_error", [("segfault", "raise"), ("exit", "restart")])
+@pytest.mark.parametrize("entry", ["make", "sb3", "baselines"])
+def test_deaths_through_every_entry_point(entry, fault, on_error):
+    """shmvec.make and both SubprocVecEnv adapters, at their defaults, give the same error or
+    restart as ShmVecEnv (the adapters flag a restarted env in its info dict)."""
+    if entry == "make":
+        # Every env of make() is the same: all fail at once, and the error names worker 0.
+        envs = venv = shmvec.make("envs_for_tests:shmvec-tests/Faulty-v0", num_envs=3, num_workers=2,
+                                  env_kwargs={"fault": fault, "at": 2}, on_error=on_error)
+        failed = [True] * 3
+    else:
+        envs = (_sb3_env if entry == "sb3" else _baselines_env)(faulty(3, fault, 1, at=2), num_workers=2,
+                                                               on_error=on_error)
+        venv, failed = envs.vector_env, [True, True, False]
+    pids = venv.worker_pids
+    envs.reset()
+    envs.step(NO_ACTION)
+    if on_error == "raise":
+        with pytest.raises(shmvec.WorkerDied, match=r"worker 0 \(envs 0\.\.1\) was killed by SIGSEGV"):
+            envs.step(NO_ACTION)
+        assert venv.closed and _gone(pids, 3.0)
+    else:
+        result = envs.step(NO_ACTION)
+        if entry == "make":
+            assert result[4]["_restarted"].tolist() == failed
+        else:
+            dones, infos = result[2], result[3]
+            assert dones.tolist() == failed
+            assert [bool(info.get("restarted")) for info in infos] == failed
+        assert [w for w, _, _ in venv.restarts] == ([0, 1] if entry == "make" else [0])
+        envs.step(NO_ACTION)
+    envs.close()
+
+
+@pytest.mark.parametrize("entry", ["ShmVecEnv", "make", "sb3", "baselines"])
+def test_no_env_runs_in_the_calling_process_by_default(entry):
+    """At the default settings every env is built, reset and stepped in a worker process."""
+    import os
+
+    from envs_for_tests import PidEnv
+
+    if entry == "ShmVecEnv":
+        envs = venv = shmvec.ShmVecEnv([PidEnv] * 3)
+    elif entry == "make":
+        envs = venv = shmvec.make("envs_for_tests:shmvec-tests/Pid-v0", num_envs=3)
+    else:
+        envs = (_sb3_env if entry == "sb3" else _baselines_env)([PidEnv] * 3)
+        venv = envs.vector_env
+    reset = envs.reset()
+    obs = reset[0] if entry in ("ShmVecEnv", "make") else reset
+    stepped = envs.step(np.zeros(3, dtype=np.int64))[0]
+    workers = set(venv.worker_pids)
+    assert os.getpid() not in workers
+    for pid in (*obs[:, 0], *obs[:, 1], *stepped[:, 1]):
+        assert int(pid) in workers
+    envs.close()
+
+
+@pytest.mark.parametrize("command", ["call", "reset_options", "set_attr", "rollout"])
+def test_worker_killed_while_idle_is_reported_by_a_command_with_a_payload(command):
+    """The OOM killer (or a user's kill) may strike a worker between commands. The next command
+    that sends it a pickled payload raises WorkerDied (it was a bare BrokenPipeError), and the
+    other worker, which got its payload, is not left waiting for it (closing took 5 s)."""
+    import os
+
+    envs = shmvec.ShmVecEnv(faulty(4, "none", 0), num_workers=2)
+    envs.reset(seed=0)
+    os.kill(envs.worker_pids[0], signal.SIGKILL)
+    time.sleep(0.1)  # let it die
+    t0 = time.monotonic()
+    with pytest.raises(shmvec.WorkerDied, match=r"worker 0 \(envs 0\.\.1\) was killed by SIGKILL"):
+        if command == "call":
+            envs.call("double", 1)
+        elif command == "reset_options":
+            envs.reset(options={"scale": 2.0})
+        elif command == "set_attr":
+            envs.set_attr("at", 5)
+        else:
+            envs.rollout(lambda obs: np.zeros(4, dtype=np.int64), 2)
+    assert envs.closed
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_worker_killed_while_idle_is_restarted_by_the_next_step():
+    import os
+
+    envs = shmvec.ShmVecEnv(faulty(4, "none", 0), num_workers=2, on_error="restart")
+    envs.reset(seed=0)
+    os.kill(envs.worker_pids[0], signal.SIGKILL)
+    time.sleep(0.1)
+    infos = envs.step(np.zeros(4, dtype=np.int64))[4]
+    assert infos["_restarted"].tolist() == [True, True, False, False]
+    assert re.search(r"worker 0 \(envs 0\.\.1\) was killed by SIGKILL", str(envs.restarts[0][2]))
+    envs.close()
