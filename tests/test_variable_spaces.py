@@ -285,3 +285,12 @@ def test_adapters(adapter):
     finally:
         venv.close()
         ref.close()
+
+
+def test_torch_wrapper_refuses_naming_the_field():
+    pytest.importorskip("torch")
+    from shmvec.torch import TorchVecEnv
+
+    envs = shmvec.ShmVecEnv([partial(VariableSizeEnv, "Graph", True)] * 2, num_workers=1)
+    with envs, pytest.raises(ValueError, match=r"observation_space\['x'\] \(Graph\)"):
+        TorchVecEnv(envs, device="cpu")
