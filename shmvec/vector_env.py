@@ -28,7 +28,8 @@ __all__ = ["ShmVecEnv", "SharedBuffers", "make"]
 class SharedBuffers(NamedTuple):
     """Read-only views of the shared memory that ``reset``, ``step`` and ``recv`` write every
     env's results into (``[num_envs, ...]`` each; ``obs`` nested as the observation space).
-    They stay valid until ``close`` and always hold each env's latest results."""
+    They stay valid until ``close`` and always hold each env's latest results. A variable-size
+    leaf (Text, Sequence, Graph, OneOf) is a ``[num_envs]`` object array of the main process."""
 
     obs: Any
     rewards: np.ndarray
@@ -40,8 +41,11 @@ class ShmVecEnv(VectorEnv):
     """Vectorized environment whose workers step blocks of envs in shared memory.
 
     Observations, actions, rewards and episode flags live in one shared-memory segment: workers
-    write results straight into it and only command bytes cross the pipes. Semantics (seeding,
-    autoreset modes, infos) are those of :class:`gymnasium.vector.SyncVectorEnv`, bit for bit.
+    write results straight into it and only command bytes cross the pipes. Parts of a space
+    with no fixed size (Text, Sequence, Graph, OneOf) travel pickled instead, one message per
+    worker and step, and are batched as Gymnasium does (a tuple of one sample per env).
+    Semantics (seeding, autoreset modes, infos) are those of
+    :class:`gymnasium.vector.SyncVectorEnv`, bit for bit.
 
     Example
     -------

@@ -221,6 +221,26 @@ def test_restart_gives_new_envs_and_the_others_carry_on(step_in_main):
             assert obs in envs.observation_space
 
 
+def test_restart_in_asynchronous_collection():
+    fns = [partial(VariableSizeEnv, "Mixed", variable_actions=True, fault="exit" if i == 0 else "none")
+           for i in range(4)]
+    with shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2, on_error="restart", step_in_main=False) as envs:
+        space = envs.single_action_space
+        counts = np.zeros(4, int)
+        envs.async_reset(seed=0)
+        for _ in range(60):
+            obs, rew, term, trunc, infos, ids = envs.recv()
+            if envs.restarts:
+                break
+            envs.send(batched(space, env_actions(space, ids, counts)), ids)
+            counts[ids] += 1
+        assert ids.tolist() == [0, 1] and infos["_restarted"].all() and trunc.all()
+        assert obs in batch_space(envs.single_observation_space, 2)
+        envs.send(batched(space, env_actions(space, ids, counts)), ids)
+        obs, *_, ids = envs.recv()
+        assert obs in batch_space(envs.single_observation_space, 2)
+
+
 def test_wrong_shaped_fixed_leaf_names_env_and_field():
     fns = [partial(VariableSizeEnv, "Text", True, fault="shape" if i == 1 else "none", at=1) for i in range(2)]
     with shmvec.ShmVecEnv(fns, num_workers=2, step_in_main=False) as envs:
