@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import weakref
-from copy import deepcopy
 from collections.abc import Callable, Sequence
+from copy import deepcopy
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -17,7 +17,7 @@ from shmvec import protocol as P
 from shmvec.actions import ActionBatch
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
-from shmvec.layout import assemble
+from shmvec.layout import assemble, pickled_fields
 from shmvec.pool import WorkerPool, set_attr_payloads, usable_cores
 from shmvec.storage import RolloutStorage, split_policy_output
 from shmvec.worker import Targets
@@ -625,9 +625,7 @@ class ShmVecEnv(VectorEnv):
             if self.closed:
                 raise ClosedError("rollout() on a closed ShmVecEnv")
             raise ResetNeeded("ShmVecEnv.rollout() was called before reset(); call reset() first")
-        pickled = [f"{what}{leaf.field} ({type(leaf.space).__name__})" for what, leaves in
-                   (("observation_space", self._obs_leaves), ("action_space", self._actions.leaves))
-                   for leaf in leaves if leaf.pickled]
+        pickled = pickled_fields(self.single_observation_space, self.single_action_space)
         if pickled:
             raise ValueError(f"rollout() keeps every step in shared memory, which cannot hold {', '.join(pickled)}: "
                              "its samples have no fixed size. Use step() or send()/recv() for this env.")
