@@ -34,6 +34,8 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray, np.ndarray | None], None
     """
     space = leaf.space
     where = f"actions{leaf.field}"
+    if leaf.pickled:
+        return _contains_checker(space, where)
     empty = 0 in leaf.shape  # then every batch is empty (a.size costs as much as argmax)
 
     def refuse(a: np.ndarray, bad: np.ndarray, ignored: np.ndarray | None) -> None:
@@ -91,6 +93,23 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray, np.ndarray | None], None
     return check_integers
 
 
+def _contains_checker(space: gym.Space, where: str) -> Callable[[np.ndarray, np.ndarray | None], None]:
+    """The check of a pickled leaf (one object per env): ``space.contains`` for each env."""
+
+    def check_items(a: np.ndarray, ignored: np.ndarray | None) -> None:
+        for env, item in enumerate(a):
+            if ignored is not None and ignored[env]:
+                continue
+            try:
+                inside = space.contains(item)
+            except Exception:  # a malformed sample (a dict where a tuple belongs, ...) is not in it
+                inside = False
+            if not inside:
+                raise ValueError(f"{where}[{env}] = {item!r:.120} is outside the action space {space} (env {env})")
+
+    return check_items
+
+
 class ActionBatch:
     """Turns a batch of actions for ``n`` envs into checked per-leaf arrays.
 
@@ -104,9 +123,12 @@ class ActionBatch:
 
     def __init__(self, single_action_space: gym.Space, validate: bool = True) -> None:
         self.space = single_action_space
-        self.leaves = space_leaves(single_action_space, "action_space")
-        self.flat = len(self.leaves) == 1 and not self.leaves[0].path
+        self.validate = validate
+        self.leaves = space_leaves(single_action_space)
+        self.flat = len(self.leaves) == 1 and not self.leaves[0].path and not self.leaves[0].pickled
         self.checks = [action_checker(leaf) if validate else None for leaf in self.leaves]
+        # How each leaf's part of a batch becomes its array, chosen once per leaf.
+        self._convert = [self._items if leaf.pickled else self._checked for leaf in self.leaves]
         self._shapes: dict[int, list[tuple[int, ...]]] = {}  # n -> the expected shape of each leaf
 
     def leaf_arrays(self, actions: Any, n: int, ignored: np.ndarray | None = None) -> list[np.ndarray]:
@@ -128,7 +150,8 @@ class ActionBatch:
             raise ValueError(
                 f"actions do not match action_space {self.space} (per env): {type(exc).__name__}: {exc}"
             ) from None
-        return [self._checked(k, part, shapes[k], ignored) for k, part in enumerate(parts)]
+        convert = self._convert
+        return [convert[k](k, part, shapes[k], ignored) for k, part in enumerate(parts)]
 
     def _checked(self, k: int, part: Any, shape: tuple[int, ...], ignored: np.ndarray | None) -> np.ndarray:
         a = part if type(part) is np.ndarray else np.asarray(part)
@@ -141,6 +164,29 @@ class ActionBatch:
                 f"actions{leaf.field} have shape {a.shape}, expected {shape} "
                 f"({shape[0]} envs, single_action_space{leaf.field}={leaf.space})"
             )
+        check = self.checks[k]
+        if check is not None:
+            check(a, ignored)
+        return a
+
+    def _items(self, k: int, part: Any, shape: tuple[int, ...], ignored: np.ndarray | None) -> np.ndarray:
+        """A pickled leaf's part of a batch (one sample per env, read as Gymnasium's ``iterate``
+        reads it: any sequence) as an ``[n]`` object array."""
+        leaf, n = self.leaves[k], shape[0]
+        try:
+            # A string is a sequence too, of characters: Gymnasium would hand out one per env.
+            items = None if isinstance(part, (str, bytes)) else list(part)
+        except TypeError:
+            items = None
+        if items is None:
+            raise TypeError(f"actions{leaf.field} must hold one sample per env ({n} envs, "
+                            f"single_action_space{leaf.field}={leaf.space}), got a {type(part).__name__}")
+        if len(items) != n:
+            raise ValueError(f"actions{leaf.field} hold {len(items)} samples, expected {n} "
+                             f"(one per env, single_action_space{leaf.field}={leaf.space})")
+        a = np.empty(n, dtype=object)
+        for i, item in enumerate(items):
+            a[i] = item  # item assignment keeps each object as it is (a slice would unpack sequences)
         check = self.checks[k]
         if check is not None:
             check(a, ignored)

@@ -4,6 +4,11 @@ A :class:`Layout` is computed once, in the main process, from the single observa
 action spaces. It is a small picklable description (names, dtypes, shapes, byte offsets); both
 the main process and the workers turn it into numpy views over the same buffer with
 :meth:`Layout.views`. See ``docs/architecture.md`` for the picture.
+
+Leaves whose samples have no fixed size (Text, Sequence, Graph, OneOf, custom spaces) are
+*pickled leaves*: their regions take no bytes of the segment. Each process gets a private
+``object`` array of the region's shape instead, and what a worker writes there travels with
+the reply of its command (see ``protocol``).
 """
 
 from __future__ import annotations
@@ -25,9 +30,16 @@ def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+PICKLED = np.dtype(object)  # the dtype of a pickled leaf and of its (private) regions
+
+
 @dataclass(frozen=True)
 class Leaf:
-    """One fixed-size array of a (possibly nested) space: ``path`` indexes into the sample."""
+    """One array of a (possibly nested) space: ``path`` indexes into the sample.
+
+    A fixed-size leaf has its sample's shape and dtype; a pickled leaf (a sample of no fixed
+    size) has shape ``()`` and dtype ``object``: one Python object per env.
+    """
 
     path: tuple[Any, ...]
     shape: tuple[int, ...]
@@ -39,31 +51,33 @@ class Leaf:
         """The leaf's place in a sample, e.g. ``['image']`` (empty for a flat space)."""
         return "".join(f"[{p!r}]" for p in self.path)
 
+    @property
+    def pickled(self) -> bool:
+        """Whether the leaf's samples travel pickled rather than in shared memory."""
+        return self.dtype == PICKLED
 
-def space_leaves(space: spaces.Space, what: str, path: tuple[Any, ...] = ()) -> list[Leaf]:
-    """Flatten ``space`` into fixed-size leaves, in the order Gymnasium iterates them.
 
-    Raises
-    ------
-    TypeError
-        If the space (or a nested part of it) cannot live in a fixed-size buffer.
+def space_leaves(space: spaces.Space, path: tuple[Any, ...] = ()) -> list[Leaf]:
+    """Flatten ``space`` into leaves, in the order Gymnasium iterates them.
+
+    Box, Discrete, MultiDiscrete and MultiBinary are fixed-size leaves; Dict and Tuple are
+    opened; any other space (Text, Sequence, Graph, OneOf, a custom space) is one pickled leaf,
+    as Gymnasium's ``batch_space`` treats it as one item per env.
     """
     if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
         return [Leaf(path, tuple(space.shape), np.dtype(space.dtype), space)]
     if isinstance(space, spaces.Dict):
-        return [
-            leaf for key, sub in space.spaces.items() for leaf in space_leaves(sub, what, path + (key,))
-        ]
+        return [leaf for key, sub in space.spaces.items() for leaf in space_leaves(sub, path + (key,))]
     if isinstance(space, spaces.Tuple):
-        return [
-            leaf for i, sub in enumerate(space.spaces) for leaf in space_leaves(sub, what, path + (i,))
-        ]
-    where = f"{what}{''.join(f'[{p!r}]' for p in path)}"
-    raise TypeError(
-        f"shmvec cannot place {where} of type {type(space).__name__} in shared memory: only Box, "
-        "Discrete, MultiDiscrete, MultiBinary and Dict/Tuple of those have a fixed size per step. "
-        "Use gymnasium.vector.AsyncVectorEnv(shared_memory=False) for variable-size spaces."
-    )
+        return [leaf for i, sub in enumerate(space.spaces) for leaf in space_leaves(sub, path + (i,))]
+    return [Leaf(path, (), PICKLED, space)]
+
+
+def pickled_fields(observation_space: spaces.Space, action_space: spaces.Space) -> list[str]:
+    """The pickled leaves of the two spaces, named for messages: ``["observation_space['x'] (Text)"]``."""
+    return [f"{what}{leaf.field} ({type(leaf.space).__name__})"
+            for what, space in (("observation_space", observation_space), ("action_space", action_space))
+            for leaf in space_leaves(space) if leaf.pickled]
 
 
 def assemble(space: spaces.Space, arrays: list[np.ndarray]) -> Any:
@@ -98,6 +112,8 @@ def flatten(space: spaces.Space, value: Any) -> list[Any]:
 
 @dataclass(frozen=True)
 class Region:
+    """A named array of the segment; ``offset`` is -1 for a pickled one (no bytes there)."""
+
     name: str
     offset: int
     shape: tuple[int, ...]
@@ -115,16 +131,27 @@ class Regions:
     size: int
 
     def _add(self, name: str, shape: tuple[int, ...], dtype: Any) -> None:
-        region = Region(name, self.size, tuple(shape), np.dtype(dtype))
+        dtype = np.dtype(dtype)
+        if dtype == PICKLED:  # Python objects cannot live in shared memory
+            self.regions[name] = Region(name, -1, tuple(shape), dtype)
+            return
+        region = Region(name, self.size, tuple(shape), dtype)
         self.regions[name] = region
         self.size = _align(self.size + max(region.nbytes, 1))
 
     def views(self, buf: Any) -> dict[str, np.ndarray]:
-        """Numpy views of every region over ``buf`` (a writable buffer of ``self.size`` bytes)."""
+        """Numpy views of every region over ``buf`` (a writable buffer of ``self.size`` bytes);
+        for a pickled region, a new array of ``None`` private to the calling process."""
         return {
-            r.name: np.ndarray(r.shape, dtype=r.dtype, buffer=buf, offset=r.offset)
+            r.name: np.full(r.shape, None, dtype=PICKLED) if r.offset < 0
+            else np.ndarray(r.shape, dtype=r.dtype, buffer=buf, offset=r.offset)
             for r in self.regions.values()
         }
+
+    def pickled(self, *prefixes: str) -> list[str]:
+        """The names of the pickled regions whose names start with one of ``prefixes``
+        (``'obs/'``, ``'final_obs/'``, ``'act/'``)."""
+        return [r.name for r in self.regions.values() if r.offset < 0 and r.name.startswith(prefixes)]
 
     def leaf_views(self, views: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
         """The per-leaf arrays of ``prefix`` ('obs', 'final_obs' or 'act'), in leaf order."""
@@ -153,6 +180,9 @@ class Layout(Regions):
     - ``act/<i>``: one per action leaf
     - ``rewards`` float64, ``terminations`` / ``truncations`` / ``autoreset`` bool
     - ``last_return`` float64, ``last_length`` int64, ``episode_count`` int64: the last finished one
+
+    The ``obs``, ``final_obs`` and ``act`` regions of pickled leaves are ``[num_envs]`` object
+    arrays outside the segment (see the module docstring).
     """
 
     num_envs: int
@@ -175,8 +205,8 @@ class Layout(Regions):
         layout = cls(
             num_envs=num_envs,
             num_workers=num_workers,
-            obs_leaves=space_leaves(observation_space, "observation_space"),
-            act_leaves=space_leaves(action_space, "action_space"),
+            obs_leaves=space_leaves(observation_space),
+            act_leaves=space_leaves(action_space),
             with_final_obs=with_final_obs,
         )
         n = num_envs

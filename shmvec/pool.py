@@ -226,6 +226,10 @@ class WorkerPool:
                                    with_final_obs=self.autoreset_mode == "SameStep")
         self._seg_fd, self._mmap = segment.create(self.layout.size)
         self.views = self.layout.views(self._mmap)
+        # Pickled leaves (variable-size spaces): the action regions a STEP sends each worker
+        # in its payload, and whether STEP and RESET replies carry observation regions.
+        self._pickled_act = self.layout.pickled("act/")
+        self._pickled_obs = bool(self.layout.pickled("obs/"))
         # One int64 memoryview per control line: indexing one costs a third of a numpy scalar.
         self.lines = control_lines(self.views)
         self.main_line = self.lines[len(self.lanes)]
@@ -365,6 +369,8 @@ class WorkerPool:
         main = len(self.lanes) - 1 if self.main_block is not None and main_in(procs, self.num_procs) else None
         if main is not None:
             procs = [w for w in procs if w < self.num_procs]
+        if self._pickled_act and cmd == P.STEP:
+            payloads = self._action_payloads(procs)
         seq = self.seq = self.seq + 1
         lines, target, submitted, now = self.lines, self._target, self._submitted, time.perf_counter()
         for w in procs:
@@ -403,6 +409,23 @@ class WorkerPool:
             # wait for the workers, and only then, so it keeps handing out their batches first.
             self._target[main], self._cmd[main] = seq, cmd
             self._main_pending = (cmd, None if payloads is None else payloads[main], arg)
+
+    def _action_payloads(self, procs: list[int]) -> list[dict[str, np.ndarray] | None]:
+        """Each worker lane's slice of the pickled action regions (``None`` for other lanes)."""
+        payloads: list[dict[str, np.ndarray] | None] = [None] * len(self.lanes)
+        for w in procs:
+            sl = slice(self.lanes[w].start, self.lanes[w].stop)
+            payloads[w] = {name: self.views[name][sl] for name in self._pickled_act}
+        return payloads
+
+    def _absorb(self, w: int, reply: tuple) -> Any:
+        """Copy the pickled observation regions that worker ``w`` sent with a STEP or RESET
+        reply into this process's arrays; return the reply's own part (infos or ``None``)."""
+        reply, regions = reply
+        sl = slice(self.lanes[w].start, self.lanes[w].stop)
+        for name, values in regions.items():
+            self.views[name][sl] = values
+        return reply
 
     def finished(self, procs: list[int]) -> list[int]:
         """The lanes among ``procs`` whose last submitted command has finished."""
@@ -560,6 +583,10 @@ class WorkerPool:
                 failures[w] = exc
                 continue
             if status == P.REPLY:
+                if self._pickled_obs and self._cmd[w] in (P.STEP, P.RESET):
+                    msg = self._absorb(w, msg)
+                    if msg is None:
+                        continue
                 replies[w] = msg
             else:
                 failures[w] = WorkerError(msg)

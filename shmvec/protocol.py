@@ -12,6 +12,12 @@ process owns the line after the last worker. One command round is:
    to the value of ``GO``; if main's ``SLEEPING`` word is set, it writes one byte to the
    shared done pipe. When ``STATUS`` is not ``OK`` a pickled reply follows on its pipe.
 
+Pickled leaves (parts of a space with no fixed size, see ``layout``) ride on the same path,
+and only for spaces that have them: a STEP then carries a payload, the worker's slice of each
+pickled action region; every STEP and RESET reply is ``(reply, regions)``, where ``regions``
+maps each pickled observation region (``"obs/<k>"``, after a step ``"final_obs/<k>"`` too)
+to the worker's slice of it. Other spaces send exactly what they sent before.
+
 The full sequence, with the wait strategy, is drawn in ``docs/architecture.md``.
 """
 
@@ -30,8 +36,8 @@ SLEEPING = 5  # 1 while the owner of this line blocks in the kernel
 ARG = 6  # the command's argument (ROLLOUT_STEP: the row), written by main
 
 # Commands.
-STEP = 1
-RESET = 2
+STEP = 1  # payload (pickled action leaves only): {region name: the worker's slice}
+RESET = 2  # payload: (seeds, options, mask) of the worker's envs
 CALL = 3  # payload: (name, args, kwargs); reply: one result per env
 SET_ATTR = 4  # payload: (name, values for the worker's envs)
 CLOSE = 5

@@ -43,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from shmvec.actions import ActionBatch
 from shmvec.errors import ActorDied, ClosedError, ShmVecError, StepTimeout, WorkerError
 from shmvec.infos import concat_infos
-from shmvec.layout import assemble, flatten
+from shmvec.layout import assemble, flatten, space_leaves
 from shmvec.pool import set_attr_payloads, split
 
 __all__ = ["EnvHost", "RayVecEnv"]
@@ -288,9 +288,12 @@ class RayVecEnv(VectorEnv):
 
     # -- joining the actors' results ---------------------------------------------------------
     def _join(self, space: gym.Space, parts: list, axis: int) -> Any:
-        """Concatenate per-actor (nested) batches of ``space`` along the env axis."""
+        """Concatenate per-actor (nested) batches of ``space`` along the env axis (a pickled
+        leaf, batched as a tuple of one object per env, by joining the tuples)."""
         leaves = [flatten(space, p) for p in parts]
-        return assemble(space, [np.concatenate([p[i] for p in leaves], axis=axis) for i in range(len(leaves[0]))])
+        return assemble(space, [tuple(x for p in leaves for x in p[i]) if leaf.pickled
+                                else np.concatenate([p[i] for p in leaves], axis=axis)
+                                for i, leaf in enumerate(space_leaves(space))])
 
     def _join_infos(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         if not any(parts):

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorWrapper
 
+from shmvec.layout import pickled_fields
 from shmvec.storage import split_policy_output
 from shmvec.vector_env import ShmVecEnv
 
@@ -156,6 +157,10 @@ class TorchVecEnv(VectorWrapper):
     def __init__(self, env: ShmVecEnv, device: str | torch.device | None = None, copy: bool = True) -> None:
         if not isinstance(env, ShmVecEnv):
             raise TypeError(f"TorchVecEnv wraps a shmvec.ShmVecEnv, got {type(env).__name__}")
+        pickled = pickled_fields(env.single_observation_space, env.single_action_space)
+        if pickled:
+            raise ValueError(f"TorchVecEnv cannot hold {', '.join(pickled)} in a tensor: its samples have no "
+                             "fixed size. Use the ShmVecEnv itself.")
         super().__init__(env)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"

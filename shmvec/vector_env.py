@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
+from copy import deepcopy
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -16,7 +17,7 @@ from shmvec import protocol as P
 from shmvec.actions import ActionBatch
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
-from shmvec.layout import assemble
+from shmvec.layout import assemble, pickled_fields
 from shmvec.pool import WorkerPool, set_attr_payloads, usable_cores
 from shmvec.storage import RolloutStorage, split_policy_output
 from shmvec.worker import Targets
@@ -27,7 +28,8 @@ __all__ = ["ShmVecEnv", "SharedBuffers", "make"]
 class SharedBuffers(NamedTuple):
     """Read-only views of the shared memory that ``reset``, ``step`` and ``recv`` write every
     env's results into (``[num_envs, ...]`` each; ``obs`` nested as the observation space).
-    They stay valid until ``close`` and always hold each env's latest results."""
+    They stay valid until ``close`` and always hold each env's latest results. A variable-size
+    leaf (Text, Sequence, Graph, OneOf) is a ``[num_envs]`` object array of the main process."""
 
     obs: Any
     rewards: np.ndarray
@@ -39,8 +41,11 @@ class ShmVecEnv(VectorEnv):
     """Vectorized environment whose workers step blocks of envs in shared memory.
 
     Observations, actions, rewards and episode flags live in one shared-memory segment: workers
-    write results straight into it and only command bytes cross the pipes. Semantics (seeding,
-    autoreset modes, infos) are those of :class:`gymnasium.vector.SyncVectorEnv`, bit for bit.
+    write results straight into it and only command bytes cross the pipes. Parts of a space
+    with no fixed size (Text, Sequence, Graph, OneOf) travel pickled instead, one message per
+    worker and step, and are batched as Gymnasium does (a tuple of one sample per env).
+    Semantics (seeding, autoreset modes, infos) are those of
+    :class:`gymnasium.vector.SyncVectorEnv`, bit for bit.
 
     Example
     -------
@@ -172,11 +177,14 @@ class ShmVecEnv(VectorEnv):
         self._obs_views = layout.leaf_views(views, "obs")
         self._obs_leaves = layout.obs_leaves
         self._flat_obs = len(layout.obs_leaves) == 1 and not layout.obs_leaves[0].path
+        # Variable-size leaves: batched as a tuple of one object per env, as Gymnasium does.
+        self._pickled_obs = [leaf.pickled for leaf in layout.obs_leaves] if layout.pickled("obs/") else None
         self._final_views = layout.leaf_views(views, "final_obs") if layout.with_final_obs else []
         # infos["final_obs"] holds one env's observation as the env returned it, as SyncVectorEnv
-        # keeps it: envs give a Discrete observation as a Python int, any other leaf as an array
-        # (0-d for a scalar Box). Read back from shared memory, each leaf is made so again.
-        self._final_as_int = [isinstance(leaf.space, gym.spaces.Discrete) for leaf in layout.obs_leaves]
+        # keeps it: envs give a Discrete observation as a Python int, any other fixed leaf as an
+        # array (0-d for a scalar Box), a pickled leaf as its object. Read back, each is made so again.
+        self._final_item = [_object_item if leaf.pickled else _int_item if isinstance(leaf.space, gym.spaces.Discrete)
+                            else _array_item for leaf in layout.obs_leaves]
         readonly = []
         for v in (*self._obs_views, views["rewards"], views["terminations"], views["truncations"]):
             ro = v.view()
@@ -300,7 +308,8 @@ class ShmVecEnv(VectorEnv):
             self._check_finite(rewards=True)
         if self.copy:
             return self._observations(), self._rewards.copy(), self._terms.copy(), self._truncs.copy(), infos
-        return self._obs_readonly, self._rewards_ro, self._terms_ro, self._truncs_ro, infos
+        obs = self._obs_readonly if self._pickled_obs is None else self._observations()
+        return obs, self._rewards_ro, self._terms_ro, self._truncs_ro, infos
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read the attribute if not callable)."""
@@ -427,12 +436,16 @@ class ShmVecEnv(VectorEnv):
         same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(pool._cmd[w] == P.STEP for w in ready)
         infos = self._merge_infos([got.get(w) for w in ready], same_step=same_step, ids=ids)
         self._last_ids, self._last_lanes = ids, ready
-        if not self.copy and contiguous:
+        if self._pickled_obs is not None:
+            obs = self._with_objects(index, contiguous)
+        elif not self.copy and contiguous:
             obs = assemble(self.single_observation_space, [v[index] for v in self._obs_readonly_leaves])
-            batch = (obs, self._rewards_ro[index], self._terms_ro[index], self._truncs_ro[index], infos, ids)
         else:
             obs = assemble(self.single_observation_space,
                            [v[index].copy() if contiguous else v[index] for v in self._obs_views])
+        if not self.copy and contiguous:
+            batch = (obs, self._rewards_ro[index], self._terms_ro[index], self._truncs_ro[index], infos, ids)
+        else:
             batch = (obs, self._rewards[index].copy(), self._terms[index].copy(), self._truncs[index].copy(), infos, ids)
         if self.check_finite:
             try:
@@ -613,6 +626,10 @@ class ShmVecEnv(VectorEnv):
             if self.closed:
                 raise ClosedError("rollout() on a closed ShmVecEnv")
             raise ResetNeeded("ShmVecEnv.rollout() was called before reset(); call reset() first")
+        pickled = pickled_fields(self.single_observation_space, self.single_action_space)
+        if pickled:
+            raise ValueError(f"rollout() keeps every step in shared memory, which cannot hold {', '.join(pickled)}: "
+                             "its samples have no fixed size. Use step() or send()/recv() for this env.")
         if self.batch_size != self.num_envs:
             raise ValueError(f"rollout() steps every env together; this ShmVecEnv collects asynchronously "
                              f"(batch_size={self.batch_size} < num_envs={self.num_envs}): use shmvec.AsyncRollout")
@@ -633,7 +650,7 @@ class ShmVecEnv(VectorEnv):
     @property
     def validate_actions(self) -> bool:
         """Whether actions are checked against the action space before any worker sees them."""
-        return self._actions.checks[0] is not None
+        return self._actions.validate
 
     @validate_actions.setter
     def validate_actions(self, value: bool) -> None:
@@ -752,8 +769,7 @@ class ShmVecEnv(VectorEnv):
                 final_info, info = reports.get(i, (None, None))
                 if i in ended:
                     final_obs = assemble(self.single_observation_space,
-                                         [v[i].item() if as_int else v[i, ...].copy()
-                                          for v, as_int in zip(out.final_obs, self._final_as_int)])
+                                         [item(v, i) for v, item in zip(out.final_obs, self._final_item)])
                     add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, k, size)
                 if info:
                     add_info(infos, info, k, size)
@@ -762,11 +778,28 @@ class ShmVecEnv(VectorEnv):
         return infos
 
     def _observations(self) -> Any:
+        if self._pickled_obs is not None:
+            return self._with_objects(slice(None), True)
         if not self.copy:
             return self._obs_readonly
         if self._flat_obs:
             return self._obs_views[0].copy()
         return assemble(self.single_observation_space, [v.copy() for v in self._obs_views])
+
+    def _with_objects(self, index: slice | np.ndarray, contiguous: bool) -> Any:
+        """The observations of the envs ``index`` when the space has pickled leaves: those are
+        a tuple of one object per env (deep copies with ``copy=True``), as Gymnasium's
+        ``concatenate`` batches them; the other leaves as :meth:`recv` gives them."""
+        leaves = []
+        views = self._obs_views if self.copy or not contiguous else self._obs_readonly_leaves
+        for view, pickled in zip(views, self._pickled_obs):
+            part = view[index]
+            if pickled:
+                part = deepcopy(tuple(part)) if self.copy else tuple(part)
+            elif self.copy and contiguous:
+                part = part.copy()
+            leaves.append(part)
+        return assemble(self.single_observation_space, leaves)
 
     def _write_actions(self, actions: Any, batch: tuple[int, slice | np.ndarray] | None = None,
                        views: list | None = None) -> None:
@@ -784,6 +817,18 @@ class ShmVecEnv(VectorEnv):
         index = Ellipsis if batch is None else batch[1]
         for view, a in zip(self._act_views if views is None else views, checked):
             view[index] = a
+
+
+def _int_item(view: np.ndarray, i: int) -> int:
+    return view[i].item()
+
+
+def _array_item(view: np.ndarray, i: int) -> np.ndarray:
+    return view[i, ...].copy()
+
+
+def _object_item(view: np.ndarray, i: int) -> Any:
+    return view[i]
 
 
 class _MakeEnv:

@@ -50,15 +50,20 @@ class EnvBlock:
         self.home = self._targets(layout, views, None)  # the regions step and reset use
         self.rows: list[Targets] = []  # one per row of the rollout segment, once attached
         self.obs_leaves = layout.obs_leaves
-        self.flat_obs = len(self.obs_leaves) == 1 and not self.obs_leaves[0].path
+        leaf0 = self.obs_leaves[0]
+        self.flat_obs = len(self.obs_leaves) == 1 and not leaf0.path and not leaf0.pickled
+        # How each observation leaf is written, chosen once: a pickled one is one object per env.
+        self._writers = [self._write_object if leaf.pickled else self._write_leaf for leaf in self.obs_leaves]
         # Small observations are gathered and written once per block: one numpy call instead
         # of a check and an item assignment per env (half the cost up to ~4 KB per env; past
         # that the extra copy costs more than the calls it saves).
-        leaf0 = self.obs_leaves[0]
         self.gather_obs = self.flat_obs and int(np.prod(leaf0.shape)) * leaf0.dtype.itemsize <= 4096
         self.flat_act = len(layout.act_leaves) == 1 and not layout.act_leaves[0].path
         self.act_scalar = [leaf.shape == () for leaf in layout.act_leaves]
         sl = slice(self.start, self.stop)
+        # This block's slice of each pickled region, by name: what a worker receives with a
+        # step's command (actions) and sends back with its reply (observations).
+        self.pickled = {name: views[name][sl] for name in layout.pickled("obs/", "final_obs/", "act/")}
         self.autoreset = views["autoreset"][sl]
         self.last_return = views["last_return"][sl]
         self.last_length = views["last_length"][sl]
@@ -111,8 +116,14 @@ class EnvBlock:
                 f"env {self.start + j} returned an observation that does not match observation_space "
                 f"{self.observation_space}: {type(exc).__name__}: {exc}"
             ) from None
+        writers = self._writers
         for k, part in enumerate(parts):
-            self._write_leaf(targets[k], k, j, part)
+            writers[k](targets[k], k, j, part)
+
+    @staticmethod
+    def _write_object(target, k: int, j: int, value: Any) -> None:
+        # A pickled leaf: Gymnasium batches these as they come (no shape or type to check).
+        target[j] = value
 
     def _write_leaf(self, target, k: int, j: int, value: Any) -> None:
         leaf = self.obs_leaves[k]
@@ -160,6 +171,28 @@ class EnvBlock:
 
         parts = [a[j] if scalar else a[j].copy() for a, scalar in zip(act, self.act_scalar)]
         return assemble(self.action_space, parts)
+
+    # -- pickled leaves, for a worker process ------------------------------------------------
+    def load_actions(self, payload: dict[str, Any]) -> None:
+        """Take this block's pickled action leaves (``{region name: [n] object array}``)."""
+        for name, values in payload.items():
+            self.pickled[name][...] = values
+
+    def pickled_results(self, step: bool) -> dict[str, Any]:
+        """This block's pickled observation leaves, ``{region name: [n] object array}``, to send
+        with the reply of a step (``step``) or reset; after a step, its final observations too.
+
+        The final ones are cleared once taken: only the envs that end an episode in a step
+        write one, and the others' stale values need not travel.
+        """
+        out = {}
+        for name, values in self.pickled.items():
+            if name.startswith("obs/"):
+                out[name] = values
+            elif step and name.startswith("final_obs/"):
+                out[name] = values.copy()
+                values[...] = None
+        return out
 
     # -- commands --------------------------------------------------------------------------
     def step(self, out: Targets | None = None) -> list | None:
@@ -315,6 +348,8 @@ class EnvBlock:
         """Execute one protocol command; return the reply (``None`` when there is none)."""
         P = self._protocol
         if cmd == P.STEP:
+            if payload is not None:  # pickled action leaves (a worker process's block only)
+                self.load_actions(payload)
             return self.step()
         if cmd == P.ROLLOUT_STEP:
             return self.step(self.rows[arg])
@@ -392,7 +427,7 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         conn.send(("ready",))
         parent = mp.parent_process()
         _serve(block, control_lines(views), index, conn, wake_r.fileno(), done_w.fileno(), spin,
-               parent.sentinel if parent is not None else None)
+               parent.sentinel if parent is not None else None, bool(layout.pickled("obs/")))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the main process went away: nothing to report to
     finally:
@@ -402,8 +437,10 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
 
 
 def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: int, spin: dict,
-           parent_sentinel: int | None) -> None:
-    from multiprocessing.reduction import recv_handle
+           parent_sentinel: int | None, pickled_obs: bool) -> None:
+    """Serve commands until CLOSE. ``pickled_obs``: the observation space has pickled leaves,
+    which every STEP and RESET reply carries (see ``protocol``)."""
+    from multiprocessing.reduction import ForkingPickler, recv_handle
 
     from shmvec import protocol as P
     from shmvec.segment import map_fd
@@ -441,9 +478,16 @@ def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: 
             if cmd == P.ROLLOUT_ATTACH:  # the segment's descriptor follows the payload
                 payload = (payload, map_fd(recv_handle(conn), payload.size))
             reply = block.run(cmd, payload, arg)
-            status = P.OK if reply is None else P.REPLY
+            if pickled_obs and (cmd == P.STEP or cmd == P.RESET):
+                reply = (reply, block.pickled_results(cmd == P.STEP))
+            status = P.OK
+            if reply is not None:
+                # Pickled here, not in send: a result that cannot be pickled (an env's
+                # observation or info) is reported as this command's error, not a dead worker.
+                reply = ForkingPickler.dumps(reply)
+                status = P.REPLY
         except BaseException as exc:
-            reply = P.error_report(exc, index, block.current, PHASES.get(cmd, str(cmd)))
+            reply = ForkingPickler.dumps(P.error_report(exc, index, block.current, PHASES.get(cmd, str(cmd))))
             status = P.ERROR
         mine[P.STATUS] = status
         fence()
@@ -452,6 +496,6 @@ def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: 
         if main_line[P.SLEEPING]:
             ring(done_w)
         if status != P.OK:
-            conn.send(reply)
+            conn.send_bytes(reply)
         if cmd == P.CLOSE:
             return

@@ -189,17 +189,63 @@ class SlowEnv(gym.Env):
         return np.zeros(4, dtype=np.float32), 1.0, False, False, {}
 
 
-class VariableSizeEnv(gym.Env):
-    """Observations of a variable-size space (no fixed buffer can hold them), nested or not."""
+def variable_space(kind: str) -> gym.Space:
+    """A space whose samples have no fixed size (or, ``"Mixed"``, a Dict/Tuple mixing such
+    leaves with fixed-size ones)."""
+    return {
+        "Text": lambda: spaces.Text(min_length=1, max_length=6),
+        "Graph": lambda: spaces.Graph(node_space=spaces.Box(-1.0, 1.0, shape=(2,)), edge_space=spaces.Discrete(3)),
+        "Sequence": lambda: spaces.Sequence(spaces.Discrete(4)),
+        "StackedSequence": lambda: spaces.Sequence(spaces.Box(0.0, 1.0, shape=(2,)), stack=True),
+        "OneOf": lambda: spaces.OneOf([spaces.Discrete(3), spaces.Box(0.0, 1.0, shape=(2,))]),
+        "Mixed": lambda: spaces.Dict({
+            "pos": spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32),
+            "text": spaces.Text(max_length=4),
+            "inner": spaces.Tuple((spaces.MultiBinary(3), spaces.Sequence(spaces.Discrete(3)),
+                                   spaces.Graph(node_space=spaces.Discrete(2), edge_space=None))),
+        }),
+    }[kind]()
 
-    def __init__(self, kind: str, nested: bool = False) -> None:
-        space = {
-            "Text": spaces.Text(5),
-            "Graph": spaces.Graph(node_space=spaces.Box(0.0, 1.0, shape=(2,)), edge_space=spaces.Discrete(3)),
-            "Sequence": spaces.Sequence(spaces.Discrete(4)),
-        }[kind]
+
+class VariableSizeEnv(gym.Env):
+    """Observations (and, with ``variable_actions``, actions) of a variable-size space.
+
+    ``kind`` names the space (see :func:`variable_space`); ``nested`` puts it at
+    ``observation_space["x"]`` beside a Box at ``["pos"]``. Observations are samples of the
+    space from a generator seeded by the env's own ``np_random``; episodes end at random or
+    after 8 steps; about half the steps report the action received as ``info["echo"]``.
+    ``fault``: ``"exit"`` ends the process at step ``at``, ``"shape"`` returns ``["pos"]`` of a
+    wrong shape there, ``"unpicklable"`` returns an observation that cannot be pickled there.
+    """
+
+    def __init__(self, kind: str = "Text", nested: bool = False, variable_actions: bool = False,
+                 fault: str = "none", at: int = 3) -> None:
+        space = variable_space(kind)
         self.observation_space = spaces.Dict({"pos": spaces.Box(0.0, 1.0, shape=(2,)), "x": space}) if nested else space
-        self.action_space = spaces.Discrete(2)
+        self.action_space = variable_space(kind) if variable_actions else spaces.Discrete(3)
+        self.fault, self.at, self.t = fault, at, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.observation_space.seed(int(self.np_random.integers(2**31)))
+        self.t = 0
+        return self.observation_space.sample(), {"tag": 1} if self.np_random.random() < 0.3 else {}
+
+    def step(self, action):
+        if action not in self.action_space:
+            raise ValueError(f"action {action!r} is not in {self.action_space}")
+        self.t += 1
+        obs = self.observation_space.sample()
+        if self.t == self.at:
+            if self.fault == "exit":
+                os._exit(3)
+            if self.fault == "shape":
+                obs["pos"] = np.zeros(5, dtype=np.float32)
+            if self.fault == "unpicklable":
+                obs = (c for c in "abc")  # a generator: pickle refuses it
+        # In a tuple: Gymnasium batches an array info by its first shape, and these vary.
+        info = {"echo": (action,)} if self.np_random.random() < 0.5 else {}
+        return obs, float(self.t), bool(self.np_random.random() < 0.15), self.t >= 8, info
 
 
 class ClosingEnv(gym.Wrapper):

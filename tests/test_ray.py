@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
 import pytest
-from envs_for_tests import FaultyEnv, NestedEnv
+from envs_for_tests import FaultyEnv, NestedEnv, VariableSizeEnv
 from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from test_equivalence import assert_same
@@ -97,6 +98,22 @@ def test_step_api_equals_sync_vector_env():
         envs.set_attr("scale", [1.0, 2.0, 3.0, 4.0, 5.0])
         assert envs.get_attr("scale") == (1.0, 2.0, 3.0, 4.0, 5.0)
         assert len(envs.render()) == n
+    finally:
+        ref.close()
+        envs.close()
+
+
+def test_variable_size_spaces_equal_sync_vector_env():
+    """Text/Sequence/Graph leaves (batched as tuples) are joined across actors as tuples."""
+    fns = [partial(VariableSizeEnv, "Mixed", variable_actions=True)] * 3
+    ref = SyncVectorEnv(fns)
+    envs = RayVecEnv(fns, num_actors=2)
+    try:
+        assert_same(ref.reset(seed=1), envs.reset(seed=1), "reset")
+        ref.action_space.seed(1)
+        for t in range(20):
+            actions = ref.action_space.sample()
+            assert_same(ref.step(actions), envs.step(actions), f"step {t}")
     finally:
         ref.close()
         envs.close()

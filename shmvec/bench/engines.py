@@ -160,7 +160,7 @@ class _StepLoopStepper:
         T, n = ROLLOUT_STEPS, env.num_envs
         self._flatten = lambda x, space=env.single_observation_space: flatten(space, x)
         self.obs_buf = [np.zeros((T, n, *leaf.shape), leaf.dtype)
-                        for leaf in space_leaves(env.single_observation_space, "observation_space")]
+                        for leaf in space_leaves(env.single_observation_space)]
         sample = actions[0]
         self.act_buf = np.zeros((T, *np.shape(sample)), np.asarray(sample).dtype)
         self.rew_buf = np.zeros((T, n), np.float32)

@@ -14,9 +14,8 @@ The upstream test files of the *installed* versions are fetched from the package
   not run, with what to pass.
 
 Each suite runs twice: against the upstream classes (a failure there is not shmvec's), then
-against shmvec. The report lists the tests that fail only against shmvec, and marks those
-that involve a space shmvec does not place in shared memory yet (Graph, Sequence, Text, OneOf). Exit status: 0 when nothing fails
-only against shmvec and every suite ran, 1 otherwise.
+against shmvec. The report lists the tests that fail only against shmvec. Exit status: 0 when
+nothing fails only against shmvec and every suite ran, 1 otherwise.
 
 Usage::
 
@@ -29,7 +28,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -46,9 +44,6 @@ GYM_FILES = ["tests/vector/test_vector_env.py", "tests/vector/test_autoreset_mod
              "tests/vector/test_vector_env_info.py"]
 SB3_FILES = ["tests/test_vec_envs.py"]
 GYM_ARCHIVE = "https://github.com/Farama-Foundation/Gymnasium/archive/refs/tags/v{version}.tar.gz"
-# Test ids naming a space that shmvec does not yet place in shared memory: samples that change
-# size (Graph, Sequence, Text) or type (OneOf). Their support is a separate piece of work.
-VARIABLE_SIZE = re.compile(r"\b(Graph|Sequence|Text|OneOf)\(")
 
 
 class NotAvailable(Exception):
@@ -195,13 +190,8 @@ def summary(suite: str, shm: Outcome, upstream: Outcome | None) -> tuple[list[st
             lines.append(f"  failing against the upstream classes too (not shmvec's): {len(theirs)}")
             lines += [f"    {t}" for t in sorted(theirs)]
         failed -= theirs
-    variable = {t for t in failed if VARIABLE_SIZE.search(t)}
-    if variable:
-        lines.append(f"  failing only against shmvec, with a Graph/Sequence/Text/OneOf space: {len(variable)}")
-        lines += [f"    {t}" for t in sorted(variable)]
-    rest = failed - variable
-    lines.append(f"  failing only against shmvec, other: {len(rest)}")
-    lines += [f"    {t}" for t in sorted(rest)]
+    lines.append(f"  failing only against shmvec: {len(failed)}")
+    lines += [f"    {t}" for t in sorted(failed)]
     return lines, len(failed)
 
 
