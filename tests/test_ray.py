@@ -187,7 +187,7 @@ def test_dead_actor_is_reported_with_actor_and_node_and_nothing_is_left():
     envs = RayVecEnv([cartpole] * 8, num_actors=2, num_workers_per_actor=2)
     info = envs._info
     workers = [pid for i in info for pid in i["worker_pids"]]
-    assert len(workers) == 2  # each actor steps one block itself and runs one worker process
+    assert len(workers) == 4  # every env in a worker process: two per actor
     envs.reset(seed=0)
     envs.rollout(cartpole_policy, 5)
     os.kill(info[1]["pid"], signal.SIGKILL)
