@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 import shmvec
-from shmvec.bench.machine import usable_cores
+from shmvec.checks import usable_cores
 from shmvec.bench.workloads import get_workloads
 from shmvec.torch import TorchVecEnv
 

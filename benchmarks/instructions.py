@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shmvec.bench.engines import RunSpec, get_engines
-from shmvec.bench.machine import usable_cores
+from shmvec.checks import usable_cores
 from shmvec.bench.measure import make_actions
 from shmvec.bench.workloads import get_workloads
 

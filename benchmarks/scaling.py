@@ -26,7 +26,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from shmvec.bench.machine import usable_cores
+from shmvec.checks import usable_cores
 from shmvec.bench.measure import Timing
 from shmvec.bench.sweep import SweepConfig, SweepResult, run_sweep
 

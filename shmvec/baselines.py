@@ -33,6 +33,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from shmvec._adapters import batched_actions, list_infos
+from shmvec.checks import positive_int
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["SubprocVecEnv"]
@@ -86,8 +87,7 @@ class SubprocVecEnv:
             if forced in shmvec_kwargs:
                 raise TypeError(f"SubprocVecEnv sets {forced!r} itself (the classic API steps every env, SAME_STEP)")
         env_fns = list(env_fns)
-        if not isinstance(in_series, int) or in_series < 1:
-            raise ValueError(f"in_series must be a positive int, got {in_series!r}")
+        in_series = positive_int(in_series, "in_series")
         if num_workers is None and in_series > 1:
             num_workers = math.ceil(len(env_fns) / in_series)
         self.waiting = False
