@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 import shmvec
-from shmvec.bench.machine import usable_cores
 from shmvec.bench.workloads import get_workloads
+from shmvec.checks import usable_cores
 from shmvec.torch import TorchVecEnv
 
 ENGINES = ["plain", "pinned", "pinned-rollout"]

@@ -31,10 +31,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from shmvec.bench.engines import RunSpec, get_engines
-from shmvec.bench.machine import usable_cores
-from shmvec.bench.measure import make_actions
+from shmvec.bench.engines import RunSpec, get_engines, make_actions
 from shmvec.bench.workloads import get_workloads
+from shmvec.checks import usable_cores
 
 ENGINES = ["serial", "gym-sync", "shmvec", "shmvec-loop", "shmvec-rollout"]
 # (column title, engine, peer): instructions of the engine over the peer's

@@ -26,9 +26,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from shmvec.bench.machine import usable_cores
 from shmvec.bench.measure import Timing
 from shmvec.bench.sweep import SweepConfig, SweepResult, run_sweep
+from shmvec.checks import usable_cores
 
 WORKLOADS = ["cartpole", "heavy-tail"]
 ENGINES = ["serial", "split-serial", "shmvec", "shmvec-main", "shmvec-async"]

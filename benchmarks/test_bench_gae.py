@@ -7,7 +7,7 @@ Run (a few seconds in all)::
 At each size ([T, N] float32, bool flags, 1% terminations and 1% truncations):
 
 * ``shmvec_out``: ``shmvec.gae(..., out=(adv, ret))`` into preallocated arrays (what a
-  training loop does; the parallel kernel is picked automatically for large inputs);
+  training loop does), serial (the default);
 * ``shmvec_alloc``: ``shmvec.gae(...)`` allocating its outputs;
 * ``numpy_loop``: CleanRL's reverse loop over time with numpy rows;
 * ``python_loop``: a per-env pure-Python loop (the naive implementation);
@@ -192,8 +192,8 @@ def paired_ratios(T: int, N: int, batches: int = 15) -> dict[str, float]:
     dst = np.zeros_like(src)
     fns = {
         "shmvec_out": lambda: gae(r, v, te, tr, lv, gamma=GAMMA, lam=LAM, out=out),
-        "shmvec_serial": lambda: gae(r, v, te, tr, lv, gamma=GAMMA, lam=LAM, out=out,
-                                     parallel=False),
+        "shmvec_parallel": lambda: gae(r, v, te, tr, lv, gamma=GAMMA, lam=LAM, out=out,
+                                       parallel=True),
         "numpy_loop": lambda: numpy_loop(r, v, nnt, lv, GAMMA, LAM),
         "tianshou_njit": lambda: tianshou_gae(v_s, v_s_, rew, end_flag, GAMMA, LAM),
         "copy_bound": lambda: np.copyto(dst, src),
@@ -262,8 +262,8 @@ def _print_table(write):
         m = paired_ratios(T, N)
         ours = m["shmvec_out"]
         write(
-            f"{size:>10}: shmvec {ours * 1e6:.1f} us ({ours / (T * N) * 1e9:.2f} ns/el; serial "
-            f"{m['shmvec_serial'] * 1e6:.1f} us), numpy loop {m['numpy_loop'] / ours:.1f}x "
+            f"{size:>10}: shmvec {ours * 1e6:.1f} us ({ours / (T * N) * 1e9:.2f} ns/el; parallel=True "
+            f"{m['shmvec_parallel'] * 1e6:.1f} us), numpy loop {m['numpy_loop'] / ours:.1f}x "
             f"slower, tianshou njit {m['tianshou_njit'] / ours:.2f}x slower, copy bound "
             f"{m['copy_bound'] * 1e6:.1f} us (shmvec/copy {ours / m['copy_bound']:.2f})"
         )

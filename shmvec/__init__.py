@@ -20,7 +20,8 @@ _LAZY = {
     "ShmVecEnv": "shmvec.vector_env",
     "make": "shmvec.vector_env",
     "AsyncRollout": "shmvec.rollout",
-    "SubprocVecEnv": "shmvec.baselines",
+    "BaselinesVecEnv": "shmvec.baselines",
+    "SubprocVecEnv": "shmvec.baselines",  # BaselinesVecEnv's classic name; SB3's is shmvec.sb3.SubprocVecEnv
     "AutoresetMode": "gymnasium.vector",
     "ShmVecError": "shmvec.errors",
     "WorkerError": "shmvec.errors",

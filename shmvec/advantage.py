@@ -39,29 +39,23 @@ bootstrapped at episode ends and at the end of the rollout as above.
 
 The kernel is one reverse pass over time with the envs in the inner loop (row-major, so
 every access is contiguous and the loop vectorizes), no temporaries (the carry ``A_{t+1}`` is
-read back from the output row just written); it is compiled with ``@njit(cache=True)``. For
-large inputs a parallel variant splits the envs into blocks (one per thread) and is picked
-automatically when cores are idle. See ``docs/gae.md``.
+read back from the output row just written); it is compiled with ``@njit(cache=True)``.
+``parallel=True`` runs the same loop on blocks of envs, one per Numba thread; it is never
+chosen for you (threads pay only for large rollouts on idle cores). See ``docs/gae.md``.
 """
 
 from __future__ import annotations
 
-import os
-from time import perf_counter
 from typing import Any
 
 import numpy as np
+from gymnasium.vector import AutoresetMode
 from numba import get_num_threads, njit, prange
+
+from shmvec.checks import parse_autoreset_mode
 
 __all__ = ["gae", "discounted_returns"]
 
-# The parallel variant is considered from this many elements (T * N) on, when every thread
-# gets at least _PAR_MIN_BLOCK envs; it is then used when it measures faster and cores are
-# idle (_AutoParallel, _idle_cpus). Measured on a 2-core VM (docs/gae.md): with 2 threads it
-# is 1.3-2x faster than the serial kernel from about 64k elements with >= 1024 envs, a wash
-# at 512 envs, and slower below; much slower whenever the other core is busy.
-_PAR_MIN_ELEMS = 1 << 17
-_PAR_MIN_BLOCK = 512
 # Parallel blocks start on multiples of this many envs (64 bytes of float32) so that two
 # threads never write into the same cache line.
 _BLOCK_ALIGN = 16
@@ -70,6 +64,7 @@ _F32 = np.dtype(np.float32)
 _F64 = np.dtype(np.float64)
 _FLOATS = (_F32, _F64)
 _BOOL = np.dtype(np.bool_)
+_MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)  # how a rollout may have been collected
 
 
 # --------------------------------------------------------------------------------------
@@ -209,37 +204,29 @@ _USE_FINAL, _TRUNC_NEXT, _HAS_VALID, _RET_ONLY, _CHECK_OUT = 1, 2, 4, 8, 16
 
 
 @njit(cache=True)
-def _kernel_basic(rew, val, term, trunc, last, adv, ret, gamma, lam, check):
-    """The common call (no final_values, no valid, SAME_STEP): fewer arguments to unbox, and
-    the flags are constants, so the loop is leaner (it matters below _VECTOR_MIN_N envs,
-    where the scalar loop runs). Returns 0, or an _overlap code when ``check``."""
-    if check:
-        bad = _overlap(rew, val, term, trunc, last, val, term, adv, ret, False)
-        if bad:
-            return bad
-    g, gl, zero = _consts(ret, gamma, lam)
-    N = rew.shape[1]
-    if N >= _VECTOR_MIN_N:
-        _block(rew, val, term, trunc, last, val, term, adv, ret, np.uint64(0), np.uint64(N),
-               g, gl, zero, False, False, False, False, True)  # fmt: skip
-    else:
-        _block(rew, val, term, trunc, last, val, term, adv, ret, np.uint64(0), np.uint64(N),
-               g, gl, zero, False, False, False, False, False)  # fmt: skip
-    return 0
-
-
-@njit(cache=True)
 def _kernel(rew, val, term, trunc, last, fin, vld, adv, ret, gamma, lam, mode):
-    """Any options, as runtime flags (``mode`` bits); returns 0, or an _overlap code."""
+    """The serial kernel: options as ``mode`` bits; returns 0, or an _overlap code.
+
+    The common call (no option but _CHECK_OUT) runs a copy of the loop with constant flags:
+    leaner, and measured 15-20 % faster at 2048 x 64 than the one with runtime flags.
+    """
     if mode & _CHECK_OUT:
         bad = _overlap(rew, val, term, trunc, last, fin, vld, adv, ret, (mode & _RET_ONLY) != 0)
         if bad:
             return bad
     g, gl, zero = _consts(ret, gamma, lam)
-    _block(rew, val, term, trunc, last, fin, vld, adv, ret, np.uint64(0),
-           np.uint64(rew.shape[1]), g, gl, zero, (mode & _USE_FINAL) != 0,
-           (mode & _TRUNC_NEXT) != 0, (mode & _HAS_VALID) != 0,
-           (mode & _RET_ONLY) != 0, True)  # fmt: skip
+    N = rew.shape[1]
+    lo, hi = np.uint64(0), np.uint64(N)
+    if mode & ~_CHECK_OUT:
+        _block(rew, val, term, trunc, last, fin, vld, adv, ret, lo, hi, g, gl, zero,
+               (mode & _USE_FINAL) != 0, (mode & _TRUNC_NEXT) != 0, (mode & _HAS_VALID) != 0,
+               (mode & _RET_ONLY) != 0, True)  # fmt: skip
+    elif N >= _VECTOR_MIN_N:
+        _block(rew, val, term, trunc, last, fin, vld, adv, ret, lo, hi, g, gl, zero,
+               False, False, False, False, True)  # fmt: skip
+    else:
+        _block(rew, val, term, trunc, last, fin, vld, adv, ret, lo, hi, g, gl, zero,
+               False, False, False, False, False)  # fmt: skip
     return 0
 
 
@@ -318,19 +305,6 @@ def _output(o: Any, name: str, v: np.ndarray) -> np.ndarray:
     return o
 
 
-def _next_step(autoreset: Any) -> bool:
-    # "same_step"/"next_step", AutoresetMode members (by name) or their values ("NextStep")
-    key = getattr(autoreset, "name", autoreset)
-    if isinstance(key, str):
-        key = key.lower().replace("_", "")
-        if key in ("samestep", "nextstep"):
-            return key == "nextstep"
-    raise ValueError(
-        f"autoreset: expected 'same_step' or 'next_step' (or a gymnasium AutoresetMode), "
-        f"got {autoreset!r}"
-    )
-
-
 def _prepare(rewards, values, terminated, truncated, last_values, final_values, valid,
              autoreset):  # fmt: skip
     """Validated inputs, as the kernels take them, and the mode bits.
@@ -367,7 +341,8 @@ def _prepare(rewards, values, terminated, truncated, last_values, final_values, 
         if type(fv) is not np.ndarray or fv.dtype is not dtype or fv.shape != shape:
             fv = _real(fv, "final_values", shape, dtype)
         mode = _USE_FINAL
-    if autoreset != "same_step" and _next_step(autoreset):
+    if autoreset != "same_step" and \
+            parse_autoreset_mode(autoreset, "autoreset", _MODES) is AutoresetMode.NEXT_STEP:  # fmt: skip
         mode |= _TRUNC_NEXT
     if valid is None:
         if mode & _TRUNC_NEXT:
@@ -384,72 +359,6 @@ def _prepare(rewards, values, terminated, truncated, last_values, final_values, 
     return r, v, te, tr, lv, fv, vd, mode
 
 
-try:
-    _NCPU = len(os.sched_getaffinity(0))
-except (AttributeError, OSError):  # pragma: no cover - not Linux
-    _NCPU = os.cpu_count() or 1
-
-
-def _idle_cpus() -> int:
-    """How many more cores than the one we run on are idle right now.
-
-    From the kernel's instantaneous count of runnable threads (/proc/loadavg, Linux; the
-    1-minute load average elsewhere). An OpenMP worker that has to wait for a busy core
-    turns a ~1 ms parallel call into a scheduler time slice (~10 ms, measured while env
-    processes kept both cores of the 2-core VM busy), so the automatic choice only goes
-    parallel when the other threads would find a core.
-    """
-    try:
-        fd = os.open("/proc/loadavg", os.O_RDONLY)
-        try:
-            others = int(os.read(fd, 128).split()[3].split(b"/")[0]) - 1  # minus this thread
-        finally:
-            os.close(fd)
-    except (OSError, ValueError, IndexError):  # pragma: no cover - not Linux
-        try:
-            others = int(os.getloadavg()[0])
-        except (AttributeError, OSError):
-            others = 0
-    return _NCPU - 1 - others
-
-
-class _AutoParallel:
-    """Picks serial or parallel for the large calls by timing both, as they run.
-
-    Whether the threads pay off depends on the machine and on what else runs on it (env
-    worker processes spinning on the other cores make the parallel kernel ~10x slower, see
-    _idle_cpus), so the automatic choice keeps the latest time per element of each kernel on
-    eligible calls, uses the faster one, and re-tries the other one call in ``PROBE_EVERY``
-    to notice when things change. The first call of each is not counted (it may include
-    loading or compiling the kernel). Both kernels give bit-identical results.
-    """
-
-    PROBE_EVERY = 16
-
-    def __init__(self) -> None:
-        self.ns = {False: 0.0, True: 0.0}  # latest ns per element (0: not measured yet)
-        self.seen = {False: 0, True: 0}
-        self.calls = 0
-
-    def choose(self) -> bool:
-        self.calls += 1
-        serial, par = self.ns[False], self.ns[True]
-        if not serial:
-            return False
-        if not par:
-            return True
-        best = par < serial
-        return (not best) if self.calls % self.PROBE_EVERY == 0 else best
-
-    def record(self, parallel: bool, seconds: float, elements: int) -> None:
-        self.seen[parallel] += 1
-        if self.seen[parallel] > 1:
-            self.ns[parallel] = seconds * 1e9 / elements
-
-
-_AUTO = _AutoParallel()
-
-
 def _compute(r, v, te, tr, lv, fv, vd, adv, ret, gamma, lam, mode, parallel):
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma: expected a number in [0, 1], got {gamma!r}")
@@ -459,33 +368,14 @@ def _compute(r, v, te, tr, lv, fv, vd, adv, ret, gamma, lam, mode, parallel):
     if T == 0 or N == 0:
         return
     g, lm = float(gamma), float(lam)
-    if parallel is None and T * N >= _PAR_MIN_ELEMS and N >= 2 * _PAR_MIN_BLOCK:
-        # large enough for threads to pay off: measure, and pick (see _AutoParallel)
-        nblocks = min(get_num_threads(), N // _PAR_MIN_BLOCK)
-        use_parallel = nblocks > 1 and _AUTO.choose()
-        if use_parallel:
-            nblocks = min(nblocks, 1 + _idle_cpus())
-            use_parallel = nblocks > 1
-        t0 = perf_counter()
-        if use_parallel:
-            bad = _kernel_parallel(r, v, te, tr, lv, fv, vd, adv, ret, g, lm, mode, nblocks)
-        else:
-            bad = _serial(r, v, te, tr, lv, fv, vd, adv, ret, g, lm, mode)
-        if nblocks > 1 and not bad:
-            _AUTO.record(use_parallel, perf_counter() - t0, T * N)
-    elif parallel and min(get_num_threads(), N // _BLOCK_ALIGN) > 1:
-        nblocks = min(get_num_threads(), N // _BLOCK_ALIGN)
+    # A block per thread, each at least _BLOCK_ALIGN envs wide; one block runs serially.
+    nblocks = min(get_num_threads(), N // _BLOCK_ALIGN) if parallel else 1
+    if nblocks > 1:
         bad = _kernel_parallel(r, v, te, tr, lv, fv, vd, adv, ret, g, lm, mode, nblocks)
     else:
-        bad = _serial(r, v, te, tr, lv, fv, vd, adv, ret, g, lm, mode)
+        bad = _kernel(r, v, te, tr, lv, fv, vd, adv, ret, g, lm, mode)
     if bad:
         _raise_overlap(bad)
-
-
-def _serial(r, v, te, tr, lv, fv, vd, adv, ret, gamma, lam, mode):
-    if mode & ~_CHECK_OUT:
-        return _kernel(r, v, te, tr, lv, fv, vd, adv, ret, gamma, lam, mode)
-    return _kernel_basic(r, v, te, tr, lv, adv, ret, gamma, lam, mode != 0)
 
 
 def _raise_overlap(code: int) -> None:
@@ -507,7 +397,7 @@ def gae(
     *,
     valid: Any | None = None,
     autoreset: Any = "same_step",
-    parallel: bool | None = None,
+    parallel: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Generalized Advantage Estimation over a ``[T, N]`` rollout, truncation-aware.
 
@@ -546,12 +436,10 @@ def gae(
         How the rollout was collected. ``"next_step"``: a truncated step bootstraps from
         ``values[t + 1]`` (``last_values`` at ``t = T - 1``), which under NEXT_STEP is the
         value of the final observation, unless ``final_values`` is given.
-    parallel : bool, optional
-        Force (True) or forbid (False) the multi-threaded kernel (numba ``prange`` over blocks
-        of envs, ``numba.get_num_threads()`` threads). By default, for inputs of at least
-        ``2**17`` elements and 1024 envs, the process times both kernels as it calls them and
-        uses the faster one (re-checking now and then), and threads only run on cores that
-        are idle at the time of the call. Results are bit-identical either way.
+    parallel : bool, default False
+        True: split the envs into blocks run by ``numba.get_num_threads()`` threads (numba
+        ``prange``); worth it from about 1024 envs when the cores are idle. False (or None):
+        one thread. Nothing is chosen automatically. Results are bit-identical either way.
 
     Returns
     -------
@@ -581,10 +469,10 @@ def gae(
     >>> adv[:, 0].tolist()
     [1.5, 1.0, 1.0]
     """
-    # Fast path for the common call (ndarrays of matching dtypes and shapes, no options, not
-    # large enough for the parallel kernel): identity tests and a few attribute reads.
+    # Fast path for the common call (ndarrays of matching dtypes and shapes, no options, one
+    # thread): identity tests and a few attribute reads.
     v = values
-    if (final_values is None and valid is None and parallel is None
+    if (final_values is None and valid is None and not parallel
             and autoreset == "same_step" and type(v) is np.ndarray
             and type(rewards) is np.ndarray and type(terminated) is np.ndarray
             and type(truncated) is np.ndarray and type(last_values) is np.ndarray):  # fmt: skip
@@ -595,21 +483,20 @@ def gae(
                 and last_values.dtype is dtype and len(shape) == 2 and rewards.shape == shape
                 and terminated.shape == shape and truncated.shape == shape
                 and last_values.shape == shape[1:] and shape[0] * shape[1] > 0
-                and (shape[1] < 2 * _PAR_MIN_BLOCK or shape[0] * shape[1] < _PAR_MIN_ELEMS)
                 and 0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):  # fmt: skip
             if out is None:
                 adv = np.empty(shape, dtype)
                 ret = np.empty(shape, dtype)
-                _kernel_basic(rewards, v, terminated, truncated, last_values, adv, ret,
-                              float(gamma), float(lam), False)  # fmt: skip
+                _kernel(rewards, v, terminated, truncated, last_values, v, terminated, adv, ret,
+                        float(gamma), float(lam), 0)  # fmt: skip
                 return adv, ret
             if type(out) is tuple and len(out) == 2:
                 adv, ret = out
                 if (type(adv) is np.ndarray and type(ret) is np.ndarray and adv.dtype is dtype
                         and ret.dtype is dtype and adv.shape == shape and ret.shape == shape
                         and adv.flags.writeable and ret.flags.writeable):  # fmt: skip
-                    bad = _kernel_basic(rewards, v, terminated, truncated, last_values, adv, ret,
-                                        float(gamma), float(lam), True)  # fmt: skip
+                    bad = _kernel(rewards, v, terminated, truncated, last_values, v, terminated,
+                                  adv, ret, float(gamma), float(lam), _CHECK_OUT)  # fmt: skip
                     if bad:
                         _raise_overlap(bad)
                     return adv, ret
@@ -647,7 +534,7 @@ def discounted_returns(
     *,
     valid: Any | None = None,
     autoreset: Any = "same_step",
-    parallel: bool | None = None,
+    parallel: bool = False,
 ) -> np.ndarray:
     """Bootstrapped discounted returns (``lam=1``) or lambda-returns, without advantages.
 

@@ -1,8 +1,12 @@
-"""The classic ``SubprocVecEnv`` API (OpenAI baselines, easy-rl, many tutorials) on shmvec.
+"""``BaselinesVecEnv``: the classic ``SubprocVecEnv`` API (OpenAI baselines, easy-rl, many tutorials) on shmvec.
+
+Not to be confused with SB3's ``SubprocVecEnv``, which is :class:`shmvec.sb3.SubprocVecEnv`.
+``shmvec.SubprocVecEnv`` (and ``shmvec.baselines.SubprocVecEnv``) is this class under its
+classic name, so that code written for baselines only changes its import.
 
 >>> import gymnasium as gym
->>> from shmvec.baselines import SubprocVecEnv
->>> envs = SubprocVecEnv([lambda: gym.make("CartPole-v1") for _ in range(4)])
+>>> from shmvec import BaselinesVecEnv
+>>> envs = BaselinesVecEnv([lambda: gym.make("CartPole-v1") for _ in range(4)])
 >>> obs = envs.reset()
 >>> obs, rews, dones, infos = envs.step([0, 1, 0, 1])
 >>> obs.shape, rews.shape, dones.dtype, len(infos)
@@ -33,12 +37,13 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from shmvec._adapters import batched_actions, list_infos
+from shmvec.checks import positive_int
 from shmvec.vector_env import ShmVecEnv
 
-__all__ = ["SubprocVecEnv"]
+__all__ = ["BaselinesVecEnv", "SubprocVecEnv"]
 
 
-class SubprocVecEnv:
+class BaselinesVecEnv:
     """The classic four-tuple vectorized env over a :class:`~shmvec.ShmVecEnv`.
 
     Parameters
@@ -84,10 +89,9 @@ class SubprocVecEnv:
         del spaces  # classic signature only
         for forced in ("autoreset_mode", "batch_size"):
             if forced in shmvec_kwargs:
-                raise TypeError(f"SubprocVecEnv sets {forced!r} itself (the classic API steps every env, SAME_STEP)")
+                raise TypeError(f"BaselinesVecEnv sets {forced!r} itself (the classic API steps every env, SAME_STEP)")
         env_fns = list(env_fns)
-        if not isinstance(in_series, int) or in_series < 1:
-            raise ValueError(f"in_series must be a positive int, got {in_series!r}")
+        in_series = positive_int(in_series, "in_series")
         if num_workers is None and in_series > 1:
             num_workers = math.ceil(len(env_fns) / in_series)
         self.waiting = False
@@ -142,8 +146,12 @@ class SubprocVecEnv:
     def __len__(self) -> int:
         return self.num_envs
 
-    def __enter__(self) -> SubprocVecEnv:
+    def __enter__(self) -> BaselinesVecEnv:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+
+# The classic name, for code ported from baselines (``from shmvec import SubprocVecEnv``).
+SubprocVecEnv = BaselinesVecEnv

@@ -24,6 +24,8 @@ import numpy as np
 from shmvec import protocol as P
 from shmvec.errors import ClosedError, StepTimeout, WorkerDied, WorkerError
 from shmvec import segment
+from shmvec.blocks import split
+from shmvec.checks import usable_cores
 from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
 from shmvec.worker import PHASES, EnvBlock, worker_main
@@ -32,38 +34,9 @@ from shmvec.worker import PHASES, EnvBlock, worker_main
 SENTINEL_CHECK_S = 0.02
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def split(num_envs: int, num_lanes: int) -> list[range]:
-    """Contiguous, as-even-as-possible blocks; the larger ones first."""
-    base, extra = divmod(num_envs, num_lanes)
-    out, start = [], 0
-    for i in range(num_lanes):
-        size = base + (1 if i < extra else 0)
-        out.append(range(start, start + size))
-        start += size
-    return out
-
-
 def main_in(lanes: list[int], num_procs: int) -> bool:
     """Whether ``lanes`` lists the lane of the main process (the one after the worker lanes)."""
     return bool(lanes) and max(lanes) >= num_procs
-
-
-def set_attr_payloads(name: str, values: Any, blocks: list[range]) -> list[tuple[str, list]]:
-    """``set_attr(name, values)`` as one ``(name, values of the block)`` per block: ``values``
-    is one value for every env, or a list/tuple of one per env."""
-    num_envs = blocks[-1].stop
-    if not isinstance(values, (list, tuple)):
-        values = [values] * num_envs
-    if len(values) != num_envs:
-        raise ValueError(f"set_attr({name!r}) got {len(values)} values, expected one per env ({num_envs})")
-    return [(name, list(values[b.start:b.stop])) for b in blocks]
 
 
 class WorkerPool:

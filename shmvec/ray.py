@@ -41,10 +41,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("shmvec.ray needs Ray: pip install 'shmvec[ray]' (or pip install ray)") from exc
 
 from shmvec.actions import ActionBatch
+from shmvec.blocks import set_attr_payloads, split
+from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env
 from shmvec.errors import ActorDied, ClosedError, ShmVecError, StepTimeout, WorkerError
 from shmvec.infos import concat_infos
 from shmvec.layout import assemble, flatten, space_leaves
-from shmvec.pool import set_attr_payloads, split
 
 __all__ = ["EnvHost", "RayVecEnv"]
 
@@ -168,21 +169,15 @@ class RayVecEnv(VectorEnv):
         self._actors: list[Any] = []
         self._closed = False
         self._finalizer = weakref.finalize(self, _kill, self._actors)
-        env_fns = list(env_fns)
-        if not env_fns:
-            raise ValueError("env_fns is empty: RayVecEnv needs at least one environment factory")
-        for i, fn in enumerate(env_fns):
-            if not callable(fn):
-                raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, expected a callable that returns an env")
+        env_fns = env_factories(env_fns, "RayVecEnv")
         fixed = [k for k in _FIXED if k in vector_kwargs]
         if fixed:
             raise ValueError(f"RayVecEnv sets {fixed} of its actors' ShmVecEnv itself: use num_workers_per_actor "
                              "and autoreset_mode (asynchronous collection is not supported across actors)")
-        mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
+        mode = parse_autoreset_mode(autoreset_mode)
         if mode is AutoresetMode.DISABLED:
             raise ValueError("RayVecEnv supports autoreset modes NEXT_STEP and SAME_STEP, not DISABLED")
-        if not isinstance(num_workers_per_actor, int) or num_workers_per_actor < 1:
-            raise ValueError(f"num_workers_per_actor must be a positive int, got {num_workers_per_actor!r}")
+        num_workers_per_actor = positive_int(num_workers_per_actor, "num_workers_per_actor")
         if not ray.is_initialized():
             ray.init()  # what Ray itself does on a first remote call: a local cluster
         self.num_envs = len(env_fns)
@@ -192,9 +187,7 @@ class RayVecEnv(VectorEnv):
         if num_actors is None:
             cpus = int(ray.cluster_resources().get("CPU", 1))
             num_actors = max(1, cpus // max(1, int(np.ceil(options["num_cpus"] or 1))))
-        if not isinstance(num_actors, int) or num_actors < 1:
-            raise ValueError(f"num_actors must be a positive int, got {num_actors!r}")
-        self.num_actors = min(num_actors, self.num_envs)
+        self.num_actors = min(positive_int(num_actors, "num_actors"), self.num_envs)
         self.num_workers_per_actor = num_workers_per_actor
         self._check_placeable(options)
         self.blocks = split(self.num_envs, self.num_actors)
@@ -307,15 +300,7 @@ class RayVecEnv(VectorEnv):
         if options is not None and "reset_mask" in options:
             raise ValueError("RayVecEnv does not take options['reset_mask']: its envs autoreset (NEXT_STEP or "
                              "SAME_STEP), so reset() resets them all")
-        if seed is None:
-            seeds = None
-        elif isinstance(seed, (int, np.integer)):
-            seeds = [int(seed) + i for i in range(self.num_envs)]
-        else:
-            seeds = list(seed)
-            if len(seeds) != self.num_envs:
-                raise ValueError(f"reset(seed=...) got {len(seeds)} seeds, expected one per env "
-                                 f"(num_envs={self.num_envs})")
+        seeds = seeds_per_env(seed, self.num_envs)
         args = [(None if seeds is None else seeds[b.start:b.stop], options) for b in self.blocks]
         parts = self._each("reset", args)
         self._needs_reset = False
@@ -355,13 +340,12 @@ class RayVecEnv(VectorEnv):
         caller's own (not views of any storage).
         """
         self._check_ready("rollout")
-        if not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1:
-            raise ValueError(f"rollout(num_steps=...) must be a positive int, got {num_steps!r}")
+        num_steps = positive_int(num_steps, "rollout(num_steps=...)")
         if policy is not None:
             self.set_policy(policy)
         if not self._policy_set:
             raise ValueError("rollout() needs a policy: pass one, or call set_policy() first")
-        parts = self._each("rollout", [(int(num_steps),)] * len(self._actors))
+        parts = self._each("rollout", [(num_steps,)] * len(self._actors))
         batch: dict[str, Any] = {}
         for key in parts[0]:
             values = [p[key] for p in parts]

@@ -31,6 +31,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from shmvec.checks import parse_autoreset_mode
 
 
 class AsyncRollout:
@@ -74,10 +77,8 @@ class AsyncRollout:
         self.filled = np.zeros(num_envs, dtype=np.int64)  # completed transitions per env
         self._pending = np.zeros(num_envs, dtype=bool)  # a step recorded, its outcome not yet
         self._prev_ended = np.zeros(num_envs, dtype=bool)  # the env's last step ended an episode
-        mode = getattr(autoreset_mode, "value", autoreset_mode)
-        if mode not in ("NextStep", "SameStep"):
-            raise ValueError(f"autoreset_mode must be NEXT_STEP or SAME_STEP, got {autoreset_mode!r}")
-        self._next_step = mode == "NextStep"
+        mode = parse_autoreset_mode(autoreset_mode, allowed=(AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP))
+        self._next_step = mode is AutoresetMode.NEXT_STEP
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.data[name]

@@ -35,13 +35,6 @@ def fence() -> None:
     _fence_lock.release()
 
 
-def make_nonblocking_pipe() -> tuple[int, int]:
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    return r, w
-
-
 def ring(fd: int) -> None:
     """Write one wake byte; a full pipe already holds a pending wake-up, so that is fine."""
     try:

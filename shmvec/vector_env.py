@@ -18,7 +18,9 @@ from shmvec.actions import ActionBatch
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
 from shmvec.layout import assemble, pickled_fields
-from shmvec.pool import WorkerPool, set_attr_payloads, usable_cores
+from shmvec.blocks import set_attr_payloads
+from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
+from shmvec.pool import WorkerPool
 from shmvec.storage import RolloutStorage, split_policy_output
 from shmvec.worker import Targets
 
@@ -143,18 +145,10 @@ class ShmVecEnv(VectorEnv):
         self.check_finite = check_finite
         self.restarts: list[tuple[int, range, Exception]] = []
         self._restarted: list[int] | None = None
-        env_fns = list(env_fns)
-        if not env_fns:
-            raise ValueError("env_fns is empty: ShmVecEnv needs at least one environment factory")
-        for i, fn in enumerate(env_fns):
-            if not callable(fn):
-                raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, expected a callable that returns an env")
+        env_fns = env_factories(env_fns, "ShmVecEnv")
         self.num_envs = len(env_fns)
-        self.autoreset_mode = autoreset_mode if isinstance(autoreset_mode, AutoresetMode) else AutoresetMode(autoreset_mode)
-        if num_workers is None:
-            num_workers = usable_cores()
-        if not isinstance(num_workers, int) or num_workers < 1:
-            raise ValueError(f"num_workers must be a positive int, got {num_workers!r}")
+        self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
+        num_workers = usable_cores() if num_workers is None else positive_int(num_workers, "num_workers")
         self.num_workers = min(num_workers, self.num_envs)
         self.batch_size = self._check_batch_size(batch_size)
         self.copy = copy
@@ -241,7 +235,7 @@ class ShmVecEnv(VectorEnv):
         ``seed=int`` seeds env ``i`` with ``seed + i``; a list gives one seed (or ``None``) per env.
         """
         n = self.num_envs
-        seeds = self._seeds(seed)
+        seeds = seeds_per_env(seed, self.num_envs)
         mask = None
         if options is not None and "reset_mask" in options:
             options = dict(options)
@@ -271,17 +265,6 @@ class ShmVecEnv(VectorEnv):
         if self.check_finite:
             self._check_finite(rewards=False)
         return self._observations(), self._merge_infos(replies, same_step=False)
-
-    def _seeds(self, seed: int | Sequence[int | None] | None) -> list | None:
-        n = self.num_envs
-        if seed is None:
-            return None
-        if isinstance(seed, (int, np.integer)):
-            return [int(seed) + i for i in range(n)]
-        seeds = list(seed)
-        if len(seeds) != n:
-            raise ValueError(f"reset(seed=...) got {len(seeds)} seeds, expected one per env (num_envs={n})")
-        return seeds
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with its row of ``actions``; see Gymnasium's ``VectorEnv.step``."""
@@ -353,7 +336,7 @@ class ShmVecEnv(VectorEnv):
         """
         if self.closed:
             raise ClosedError("this ShmVecEnv is closed; create a new one")
-        seeds = self._seeds(seed)
+        seeds = seeds_per_env(seed, self.num_envs)
         self._drain()
         payloads = None
         if seeds is not None or options is not None:
@@ -636,8 +619,7 @@ class ShmVecEnv(VectorEnv):
         if self.autoreset_mode is AutoresetMode.DISABLED:
             raise ValueError("rollout() needs autoreset_mode NEXT_STEP or SAME_STEP: under DISABLED an env "
                              "that ends its episode mid-rollout could not go on")
-        if not isinstance(num_steps, (int, np.integer)) or isinstance(num_steps, bool) or num_steps < 1:
-            raise ValueError(f"rollout(num_steps=...) must be a positive int, got {num_steps!r}")
+        positive_int(num_steps, "rollout(num_steps=...)")
         if not callable(policy):
             raise TypeError(f"rollout(policy=...) must be callable (obs -> actions), got {type(policy).__name__}")
 
@@ -863,7 +845,6 @@ def make(
     ``env_kwargs`` go to ``gymnasium.make``; ``wrappers`` are applied to each env in order;
     everything else goes to :class:`ShmVecEnv`.
     """
-    if not isinstance(num_envs, int) or num_envs < 1:
-        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    positive_int(num_envs, "num_envs")
     factory = _MakeEnv(env_id, dict(env_kwargs or {}), wrappers)
     return ShmVecEnv([factory] * num_envs, **vector_kwargs)

@@ -256,35 +256,17 @@ def test_parallel_kernel_matches_serial(seed, T, N, dtype, gamma, lam, options):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_automatic_parallel_choice_on_a_large_input(dtype):
-    T, N = 256, 1024  # 2**18 elements and 1024 envs: the parallel kernel when threads > 1
+def test_parallel_kernel_matches_serial_on_a_large_input(dtype):
+    T, N = 256, 1024  # several blocks of envs when numba has more than one thread
     r, v, te, tr, lv, fv, _ = rollout(7, T, N, 0.01, 0.01, dtype)
-    auto = gae(r, v, te, tr, lv, fv)
+    par = gae(r, v, te, tr, lv, fv, parallel=True)
     serial = gae(r, v, te, tr, lv, fv, parallel=False)
-    np.testing.assert_array_equal(auto[0], serial[0])
-    np.testing.assert_array_equal(auto[1], serial[1])
+    np.testing.assert_array_equal(par[0], serial[0])
+    np.testing.assert_array_equal(par[1], serial[1])
+    np.testing.assert_array_equal(gae(r, v, te, tr, lv, fv)[0], serial[0])  # serial by default
     cols = [0, 1, 511, 512, 1023]  # both blocks, and both sides of the block boundary
     ea, _ = ref_gae(r[:, cols], v[:, cols], te[:, cols], tr[:, cols], lv[cols], fv[:, cols])
-    np.testing.assert_allclose(auto[0][:, cols], ea, **tol(dtype, 20))
-
-
-def test_auto_parallel_measures_both_and_keeps_probing():
-    from shmvec.advantage import _AutoParallel
-
-    auto = _AutoParallel()
-    assert auto.choose() is False  # serial first
-    auto.record(False, 5.0, 10**6)  # the first call of each kernel is not counted (compile)
-    assert auto.choose() is False
-    auto.record(False, 1e-3, 10**6)  # 1 ns/element
-    assert auto.choose() is True  # then parallel
-    auto.record(True, 3.0, 10**6)
-    assert auto.choose() is True
-    auto.record(True, 2e-3, 10**6)  # 2 ns/element: back to serial...
-    picks = [auto.choose() for _ in range(2 * auto.PROBE_EVERY)]
-    assert picks.count(True) == 2  # ...but parallel is probed again every PROBE_EVERY calls
-    auto.record(True, 0.4e-3, 10**6)  # a probe finds it faster now (the other core is free)
-    picks = [auto.choose() for _ in range(2 * auto.PROBE_EVERY)]
-    assert picks.count(False) == 2
+    np.testing.assert_allclose(par[0][:, cols], ea, **tol(dtype, 20))
 
 
 # ----------------------------------------------------------------------------------------
@@ -765,10 +747,10 @@ def test_import_shmvec_does_not_import_numba_and_gae_is_callable_either_way():
 def test_kernels_are_cached_on_disk():
     code = (
         "import numpy as np; from shmvec import gae\n"
-        "from shmvec.advantage import _kernel_basic\n"
+        "from shmvec.advantage import _kernel\n"
         "z = np.zeros((3, 2), np.float32); f = z != 0\n"
         "gae(z, z, f, f, z[0])\n"
-        "s = _kernel_basic.stats; print(sum(s.cache_hits.values()), sum(s.cache_misses.values()))"
+        "s = _kernel.stats; print(sum(s.cache_hits.values()), sum(s.cache_misses.values()))"
     )
     run_python(code)  # compiles (or loads) and saves
     hits, misses = map(int, run_python(code).split())

@@ -1,4 +1,8 @@
-"""Benchmarks of shmvec against Gymnasium's vector envs, the classic baseline and installed peers.
+"""The shipped benchmark report: shmvec against Gymnasium's vector envs, the classic baseline and peers.
+
+This package is what ``shmvec bench`` runs on a user's machine; the developer studies
+(scaling, GPU, instruction counts, Ray, micro-benchmarks) live in the repository's
+``benchmarks/`` folder and are not installed.
 
 Command line: ``shmvec bench [--quick]`` and ``shmvec tune ENV_ID``. From Python:
 

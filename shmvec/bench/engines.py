@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from shmvec.bench.workloads import Workload
 
-__all__ = ["CEILING", "ENGINES", "Engine", "RunSpec", "Stepper", "VectorEnvStepper", "get_engines"]
+__all__ = ["CEILING", "ENGINES", "Engine", "RunSpec", "Stepper", "VectorEnvStepper", "get_engines", "make_actions"]
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,15 @@ class RunSpec:
 
     def env_fns(self) -> list[Callable[[], Any]]:
         return [self.workload.make_env] * self.num_envs
+
+
+def make_actions(single_action_space: Any, num_envs: int, seed: int, count: int = 16) -> list[Any]:
+    """``count`` batches of random valid actions, made before the clock starts."""
+    from gymnasium.vector.utils import batch_space
+
+    space = batch_space(single_action_space, num_envs)
+    space.seed(seed)
+    return [space.sample() for _ in range(count)]
 
 
 class Stepper(Protocol):
@@ -231,8 +240,6 @@ def _build_shmvec_async(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
 
 
 def _rollout_actions(spec: RunSpec, env: Any) -> list[Any]:
-    from shmvec.bench.measure import make_actions
-
     return make_actions(env.single_action_space, spec.num_envs, spec.seed)
 
 

@@ -9,15 +9,9 @@ import time
 from importlib import metadata
 from typing import Any
 
-__all__ = ["machine_info", "machine_line", "parallel_scaling", "usable_cores"]
+from shmvec.checks import usable_cores
 
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+__all__ = ["machine_info", "machine_line", "parallel_scaling"]
 
 
 def _cpu_model() -> str:
@@ -108,9 +102,9 @@ def machine_info() -> dict[str, Any]:
     """A JSON-ready description of this machine and software."""
     import multiprocessing as mp
 
-    from shmvec.bench.memory import _read_kb
+    from shmvec.bench.memory import read_kb
 
-    mem_kb = _read_kb("/proc/meminfo", b"MemTotal:")
+    mem_kb = read_kb("/proc/meminfo", b"MemTotal:")
     return {
         "cpu": _cpu_model(),
         "cores": os.cpu_count(),

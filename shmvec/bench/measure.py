@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from shmvec.bench.engines import Engine, RunSpec, Stepper
+from shmvec.bench.engines import Engine, RunSpec, Stepper, make_actions
 from shmvec.bench.memory import tree_memory
 
-__all__ = ["RunResult", "Timing", "make_actions", "measure", "measure_group", "step_for"]
+__all__ = ["RunResult", "Timing", "measure", "measure_group", "step_for"]
 
 
 @dataclass(frozen=True)
@@ -90,15 +90,6 @@ class RunResult:
     def from_dict(cls, d: dict[str, Any]) -> RunResult:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in names})
-
-
-def make_actions(single_action_space: Any, num_envs: int, seed: int, count: int = 16) -> list[Any]:
-    """``count`` batches of random valid actions, made before the clock starts."""
-    from gymnasium.vector.utils import batch_space
-
-    space = batch_space(single_action_space, num_envs)
-    space.seed(seed)
-    return [space.sample() for _ in range(count)]
 
 
 def step_for(stepper: Stepper, actions: list[Any], seconds: float, min_steps: int = 2) -> tuple[int, float]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-__all__ = ["TreeMemory", "available_mb", "descendants", "tree_memory"]
+__all__ = ["TreeMemory", "available_mb", "descendants", "read_kb", "tree_memory"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ def descendants(pid: int | None = None) -> list[int]:
     return out
 
 
-def _read_kb(path: str, key: bytes) -> int | None:
+def read_kb(path: str, key: bytes) -> int | None:
+    """The kB figure on the line of ``path`` that starts with ``key`` (``/proc`` files); None if absent."""
     try:
         with open(path, "rb") as f:
             for line in f:
@@ -67,8 +68,8 @@ def tree_memory(pid: int | None = None) -> TreeMemory:
     pid = os.getpid() if pid is None else pid
     if os.path.isdir(f"/proc/{pid}"):
         pids = [pid, *descendants(pid)]
-        rss = [_read_kb(f"/proc/{p}/status", b"VmRSS:") for p in pids]
-        pss = [_read_kb(f"/proc/{p}/smaps_rollup", b"Pss:") for p in pids]
+        rss = [read_kb(f"/proc/{p}/status", b"VmRSS:") for p in pids]
+        pss = [read_kb(f"/proc/{p}/smaps_rollup", b"Pss:") for p in pids]
         rss_known = [v for v in rss if v is not None]
         pss_ok = all(v is not None for v in pss)
         return TreeMemory(
@@ -93,5 +94,5 @@ def tree_memory(pid: int | None = None) -> TreeMemory:
 
 def available_mb() -> float | None:
     """``MemAvailable`` from ``/proc/meminfo``, in MiB (``None`` where unknown)."""
-    kb = _read_kb("/proc/meminfo", b"MemAvailable:")
+    kb = read_kb("/proc/meminfo", b"MemAvailable:")
     return None if kb is None else kb / 1024

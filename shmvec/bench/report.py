@@ -18,6 +18,7 @@ __all__ = [
     "format_ratio",
     "full_table",
     "load_json",
+    "markdown_table",
     "render_markdown",
     "summary_table",
     "targets_table",
@@ -40,7 +41,7 @@ def format_ratio(x: float | None) -> str:
     return f"{x:.2f}x" if x < 10 else f"{x:.1f}x"
 
 
-def _table(header: list[str], align: str, rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], align: str, rows: list[list[str]]) -> str:
     """A markdown table; ``align`` holds one ``l``/``r`` per column."""
     sep = ["---:" if a == "r" else "---" for a in align]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(sep) + "|"]
@@ -115,7 +116,7 @@ def targets_table(sweep: SweepResult, targets: list[Target] | None = None) -> st
             elif c is not None:
                 detail += f" (machine ceiling {format_ratio(c[1])})"
         rows.append([o.target.text, detail, status])
-    return _table(["target", "measured", "status"], "llr", rows)
+    return markdown_table(["target", "measured", "status"], "llr", rows)
 
 
 def summary_table(sweep: SweepResult) -> str:
@@ -132,7 +133,7 @@ def summary_table(sweep: SweepResult) -> str:
                 ratio = sweep.ratio(w, n, ENGINE, p)
                 row.append(format_ratio(ratio) if ratio is not None else _cell_note(sweep, w, n, p))
             rows.append(row)
-    return _table(header, "lrr" + "r" * len(peers), rows)
+    return markdown_table(header, "lrr" + "r" * len(peers), rows)
 
 
 def _mem_column(sweep: SweepResult) -> tuple[Callable[[RunResult], float | None], str]:
@@ -175,7 +176,7 @@ def full_table(sweep: SweepResult) -> str:
                     "" if mem is None else f"{mem:,.0f}",
                     "",
                 ])
-    return _table(header, "lrlrrrrrl", rows)
+    return markdown_table(header, "lrlrrrrrl", rows)
 
 
 def method_text(sweep: SweepResult) -> str:

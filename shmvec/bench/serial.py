@@ -59,7 +59,7 @@ class SplitSerial:
 
         import cloudpickle
 
-        from shmvec.pool import split
+        from shmvec.blocks import split
 
         self.blocks = split(len(env_fns), max(1, min(k, len(env_fns))))
         self.num_envs = len(env_fns)

@@ -17,11 +17,12 @@ from itertools import groupby
 from typing import Any, TextIO
 
 from shmvec.bench.engines import Engine, RunSpec, get_engines
-from shmvec.bench.machine import machine_info, parallel_scaling, usable_cores
+from shmvec.bench.machine import machine_info, parallel_scaling
 from shmvec.bench.measure import RunResult, Timing, measure_group
 from shmvec.bench.memory import available_mb
 from shmvec.bench.progress import Progress
 from shmvec.bench.workloads import Workload, get_workloads
+from shmvec.checks import usable_cores
 
 __all__ = ["PlannedRun", "SweepConfig", "SweepResult", "plan_sweep", "run_sweep"]
 

@@ -15,11 +15,12 @@ from typing import Any, TextIO
 import gymnasium as gym
 
 from shmvec.bench.engines import Engine, RunSpec, Stepper, VectorEnvStepper, get_engines
-from shmvec.bench.machine import machine_info, parallel_scaling, usable_cores
+from shmvec.bench.machine import machine_info, parallel_scaling
 from shmvec.bench.measure import RunResult, Timing, measure
 from shmvec.bench.progress import Progress
-from shmvec.bench.report import format_rate, format_ratio
+from shmvec.bench.report import format_rate, format_ratio, markdown_table
 from shmvec.bench.workloads import GymMake, Workload
+from shmvec.checks import positive_int, usable_cores
 
 __all__ = ["Candidate", "TuneResult", "tune", "worker_choices"]
 
@@ -96,8 +97,6 @@ class TuneResult:
 
     def table(self) -> str:
         """A markdown table of every configuration, fastest first."""
-        from shmvec.bench.report import _table
-
         def key(row: tuple[Candidate, RunResult]) -> float:
             return -(row[1].steps_per_s or 0.0)
 
@@ -114,8 +113,8 @@ class TuneResult:
         for n, ref in sorted(self.serial.items()):
             rows.append([str(n), "-", "-", "-", "-", format_rate(ref.steps_per_s) if ref.ok else ref.reason,
                          "1.00x (serial loop)"])
-        return _table(["num_envs", "num_workers", "envs/worker", "step_in_main", "spin_us", "steps/s", "x serial"],
-                      "rrrllrr", rows)
+        header = ["num_envs", "num_workers", "envs/worker", "step_in_main", "spin_us", "steps/s", "x serial"]
+        return markdown_table(header, "rrrllrr", rows)
 
     def code(self) -> str:
         """The fastest configuration as code to paste."""
@@ -221,8 +220,8 @@ def tune(
     >>> result = tune("CartPole-v1", num_envs=64)      # doctest: +SKIP
     >>> print(result.code())                           # doctest: +SKIP
     """
-    if num_envs is not None and (not isinstance(num_envs, int) or num_envs < 1):
-        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    if num_envs is not None:
+        positive_int(num_envs, "num_envs")
     env_kwargs = dict(env_kwargs or {})
     if isinstance(env, str):
         make_env: Callable[[], gym.Env] = GymMake(env, **env_kwargs)
