@@ -585,7 +585,7 @@ def test_module_entry_points(module, args):
 def test_factories_pickle():
     for w in WORKLOADS.values():
         if w.unavailable():  # a real env whose optional package is not installed: named, not built
-            assert not w.default and "not installed" in w.unavailable()
+            assert w.requires and "not installed" in w.unavailable()
             continue
         fn = pickle.loads(pickle.dumps(w.make_env))
         env = fn()
