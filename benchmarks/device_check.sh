@@ -2,7 +2,8 @@
 # One prepared run on a lent GPU machine (16 cores, one GPU, no network): the GPU tests,
 # bench-gpu's measurement and the scaling tables, each under its own time limit so that one
 # failure does not cost the rest. Packages its image lacks (gymnasium, ale-py, mujoco) travel
-# as wheels in .whl/. Results and logs go to $OUT (default results/device).
+# as wheels in .whl/. Results and logs go to $OUT (default results/device). STEPS picks the parts
+# (default: "tests gpu scaling_cartpole scaling_real"); REAL_ENVS and REAL_WORKERS size the real-env table.
 set -u
 OUT=${OUT:-results/device}
 mkdir -p "$OUT"
@@ -20,11 +21,13 @@ step() {  # name, seconds, command...
     timeout "$limit" "$@" > >(tee "$OUT/$name.txt") 2>&1
     echo "== $name: exit $?"
 }
-step tests 110 python3 -m pytest -q -p no:cacheprovider -x tests/test_torch.py tests/test_docstrings.py
-step gpu 140 python3 benchmarks/gpu.py --workloads ${GPU_WORKLOADS:-atari-like,atari-pong} --num-envs ${GPU_ENVS:-128} --steps 100 --rounds 5 \
+want() { [[ " ${STEPS:-tests gpu scaling_cartpole scaling_real} " == *" $1 "* ]]; }
+want tests && step tests 110 python3 -m pytest -q -p no:cacheprovider -x tests/test_torch.py tests/test_docstrings.py
+want gpu && step gpu 140 python3 benchmarks/gpu.py --workloads ${GPU_WORKLOADS:-atari-like,atari-pong} --num-envs ${GPU_ENVS:-128} --steps 100 --rounds 5 \
     --json "$OUT/gpu.json"
-step scaling_cartpole 130 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,2,4,8,16 \
+want scaling_cartpole && step scaling_cartpole 130 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,2,4,8,16 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_cartpole.json"
-step scaling_real 190 python3 benchmarks/scaling.py --workloads atari-pong,mujoco-ant --num-envs 32 \
-    --engines split-serial,shmvec,shmvec-main,gym-async-shm --workers 1,4,16 --max-procs 40 \
+want scaling_real && step scaling_real 190 python3 benchmarks/scaling.py --workloads atari-pong,mujoco-ant \
+    --num-envs ${REAL_ENVS:-32} --engines split-serial,shmvec,shmvec-main,gym-async-shm --workers ${REAL_WORKERS:-1,4,16} \
+    --max-procs 40 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_real.json"
