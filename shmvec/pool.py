@@ -91,11 +91,18 @@ class WorkerPool:
         self.rollout: tuple[RolloutLayout, int, Any] | None = None
 
         # Spinning pays only for a waiter with a core of its own. Workers wait for GO while
-        # main is between steps (or, stepping a block itself, busy as they are); main waits
-        # for DONE while the workers run.
+        # main is between steps (or, stepping a block itself, busy as they are). Main waits for
+        # DONE while the lanes run: with a core of its own it spins long; sharing the cores
+        # with as many workers as cores (every env in a worker, the default) it spins briefly,
+        # yielding its core every few polls, which catches a cheap step's round trip without a
+        # kernel wake-up (measured on 2 cores, CartPole at 8/32/128 envs: 1.49x/1.20x/1.05x the
+        # speed of blocking at once; 150 us beat 50 and matched 400 and 2000).
         cores = usable_cores()
         worker_spin = 2000.0 if len(self.lanes) <= cores else 0.0
-        main_spin = 2000.0 if self.num_procs + 1 <= cores else 0.0
+        if self.num_procs + 1 <= cores:
+            main_spin = 2000.0
+        else:
+            main_spin = 150.0 if len(self.lanes) <= cores else 0.0
         if spin_us is not None:
             worker_spin = main_spin = float(spin_us)
         oversubscribed = self.num_procs + 1 > cores

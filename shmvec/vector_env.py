@@ -117,9 +117,11 @@ class ShmVecEnv(VectorEnv):
         reset returns a NaN or infinite reward or floating-point observation. Costs one
         ``isfinite`` pass over the batch per step. The vector env stays usable.
     spin_us : float, optional
-        Microseconds a wait spins before it blocks. Default: 2000 for a waiter that has a
-        core of its own (workers: ``num_workers`` <= cores, the calling process counted when it
-        steps a block; main: worker processes + 1 <= cores), else 0.
+        Microseconds a wait spins before it blocks. Default: workers spin 2000 when
+        ``num_workers`` <= cores, else 0; the calling process spins 2000 when worker processes
+        + 1 <= cores, 150 when it shares the cores with ``num_workers`` <= cores workers (the
+        default layout on a small machine: a short spin catches a cheap step without a kernel
+        wake-up), else 0. Given, it applies to both sides.
     """
 
     def __init__(
