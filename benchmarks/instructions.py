@@ -36,6 +36,7 @@ from shmvec.bench.workloads import get_workloads
 from shmvec.checks import usable_cores
 
 ENGINES = ["serial", "gym-sync", "shmvec", "shmvec-loop", "shmvec-rollout"]
+WITH_WORKERS = ["shmvec-main", "split-serial"]  # engines that start processes: only with --workers
 # (column title, engine, peer): instructions of the engine over the peer's
 RATIOS = [
     ("shmvec / serial", "shmvec", "serial"),
@@ -45,10 +46,19 @@ WARMUP_CALLS = 2
 _COUNT = re.compile(r"Collected\s*:\s*(\d+)")
 
 
-def child(engine_key: str, workload_key: str, num_envs: int, calls: int) -> None:
-    """Build one engine, warm it up, make ``calls`` timed calls, close it (run under callgrind)."""
+def child(engine_key: str, workload_key: str, num_envs: int, calls: int, workers: int) -> None:
+    """Build one engine, warm it up, make ``calls`` timed calls, close it (run under callgrind).
+
+    ``workers=0``: one block, in the calling process. Otherwise shmvec's defaults with that many
+    workers, every env in a worker, and waits that block at once (``spin_us=0``: a spinning
+    wait's instructions measure idle time, not work).
+    """
     engine = get_engines([engine_key])[0]
-    spec = RunSpec(get_workloads([workload_key])[0], num_envs, num_workers=1, in_process=True)
+    workload = get_workloads([workload_key])[0]
+    if workers:
+        spec = RunSpec(workload, num_envs, num_workers=workers, spin_us=0.0)
+    else:
+        spec = RunSpec(workload, num_envs, num_workers=1, in_process=True)
     stepper = engine.build(spec)
     try:
         probe = spec.workload.make_env()
@@ -62,24 +72,24 @@ def child(engine_key: str, workload_key: str, num_envs: int, calls: int) -> None
     print("steps_per_call", getattr(stepper, "steps_per_call", 1))
 
 
-def count(engine: str, workload: str, num_envs: int, calls: int) -> tuple[int, int]:
-    """Instructions of one child run under callgrind (the calling process only), and the
-    engine's vector steps per call."""
+def count(engine: str, workload: str, num_envs: int, calls: int, workers: int) -> tuple[int, int]:
+    """Instructions of one child run under callgrind, and the engine's vector steps per call.
+    Forked workers stay under callgrind: with ``workers`` their counts are added in."""
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
-           "--child", engine, workload, str(num_envs), str(calls)]
+           "--child", engine, workload, str(num_envs), str(calls), str(workers)]
     out = subprocess.run(cmd, capture_output=True, text=True)
     found = _COUNT.findall(out.stderr)
-    if out.returncode != 0 or len(found) != 1:
+    if out.returncode != 0 or not found or (not workers and len(found) != 1):
         raise RuntimeError(f"{engine} {workload} N={num_envs}: callgrind run failed "
                            f"(exit {out.returncode}):\n{out.stderr[-2000:]}")
-    return int(found[0]), int(out.stdout.split("steps_per_call")[-1])
+    return sum(int(c) for c in found), int(out.stdout.split("steps_per_call")[-1])
 
 
-def per_env_step(engine: str, workload: str, num_envs: int, env_steps: int) -> float:
+def per_env_step(engine: str, workload: str, num_envs: int, env_steps: int, workers: int = 0) -> float:
     """Instructions per env step: the difference of two runs, ``A`` and ``B`` calls."""
-    small, spc = count(engine, workload, num_envs, 1)
+    small, spc = count(engine, workload, num_envs, 1, workers)
     extra = max(1, round(env_steps / (num_envs * spc)))
-    large, _ = count(engine, workload, num_envs, 1 + extra)
+    large, _ = count(engine, workload, num_envs, 1 + extra, workers)
     return (large - small) / (extra * spc * num_envs)
 
 
@@ -92,22 +102,28 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str, int], float]:
     parser.add_argument("--env-steps", type=int, default=40000,
                         help="env steps between the two runs of a cell (default 40000)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
-    parser.add_argument("--child", nargs=4, metavar=("ENGINE", "WORKLOAD", "N", "CALLS"), help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=0, help="0 (default): every env in the calling process; "
+                        "W: shmvec's defaults with W workers, the calling process and its workers counted together")
+    parser.add_argument("--child", nargs=5, metavar=("ENGINE", "WORKLOAD", "N", "CALLS", "WORKERS"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        engine, workload, n, calls = args.child
-        child(engine, workload, int(n), int(calls))
+        engine, workload, n, calls, workers = args.child
+        child(engine, workload, int(n), int(calls), int(workers))
         return {}
     if shutil.which("valgrind") is None:
         parser.error("needs valgrind on PATH (apt install valgrind)")
     engines = args.engines.split(",")
-    bad = [e for e in engines if e not in ENGINES]
+    allowed = ENGINES if not args.workers else [*ENGINES, *WITH_WORKERS]
+    bad = [e for e in engines if e not in allowed]
     if bad:
-        parser.error(f"engines {bad} start processes at one worker or are unknown; choose from {ENGINES}")
+        parser.error(f"engines {bad} start processes at one worker or are unknown; choose from {allowed}"
+                     + ("" if args.workers else " (or use --workers)"))
     sizes = [int(n) for n in args.num_envs.split(",")]
     cells = [(w, e, n) for w in args.workloads.split(",") for n in sizes for e in engines]
     with ThreadPoolExecutor(usable_cores()) as pool:
-        figures = dict(zip(cells, pool.map(lambda c: per_env_step(c[1], c[0], c[2], args.env_steps), cells)))
+        figures = dict(zip(cells, pool.map(lambda c: per_env_step(c[1], c[0], c[2], args.env_steps, args.workers),
+                                           cells)))
     print("| workload | num_envs | " + " | ".join(engines) + "".join(f" | {t}" for t, e, p in RATIOS
                                                               if e in engines and p in engines) + " |")
     print("|---|---:|" + "---:|" * (len(engines) + sum(e in engines and p in engines for _, e, p in RATIOS)))
@@ -117,7 +133,11 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str, int], float]:
             row += [f"{figures[(w, e, n)] / figures[(w, p, n)]:.3f}" for _, e, p in RATIOS
                     if e in engines and p in engines]
             print(f"| {w} | {n} | " + " | ".join(row) + " |")
-    print("\ninstructions per env step (callgrind, calling process, num_workers=1: every env in it)")
+    if args.workers:
+        print(f"\ninstructions per env step (callgrind, the calling process and its {args.workers} workers, "
+              "waits that block at once)")
+    else:
+        print("\ninstructions per env step (callgrind, calling process, num_workers=1: every env in it)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([{"workload": w, "engine": e, "num_envs": n, "instructions_per_env_step": v}

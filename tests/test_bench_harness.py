@@ -679,3 +679,8 @@ def test_instruction_counts_per_env_step(tmp_path, capsys):
     assert "| cartpole | 2 |" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # starts a worker process even at one worker: its work would not count
         instructions.main(["--engines", "shmvec-async"])
+    # with workers: the calling process and its workers counted together (their env steps too)
+    figures = instructions.main(["--workers", "2", "--engines", "shmvec", "--num-envs", "4", "--env-steps", "2000"])
+    assert 10_000 < serial < figures[("cartpole", "shmvec", 4)] < 3 * serial, figures
+    with pytest.raises(SystemExit):  # the split-serial ceiling starts processes: only with --workers
+        instructions.main(["--engines", "split-serial"])

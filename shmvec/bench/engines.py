@@ -30,6 +30,7 @@ class RunSpec:
     # shmvec's synchronous engines step a block in the calling process (step_in_main=True):
     # instruction counts of the calling process then see every env step.
     in_process: bool = False
+    spin_us: float | None = None  # shmvec's spin budget (None: its default; 0: waits block at once)
 
     def env_fns(self) -> list[Callable[[], Any]]:
         return [self.workload.make_env] * self.num_envs
@@ -221,7 +222,8 @@ def _build_shmvec(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
         from shmvec.vector_env import ShmVecEnv
 
         workers = min(spec.num_workers, spec.num_envs)
-        env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=step_in_main or spec.in_process)
+        env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=step_in_main or spec.in_process,
+                        spin_us=spec.spin_us)
         return VectorEnvStepper(env, workers)
 
     return build
@@ -247,7 +249,7 @@ def _build_shmvec_loop(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
 
     workers = min(spec.num_workers, spec.num_envs)
-    env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=spec.in_process)
+    env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=spec.in_process, spin_us=spec.spin_us)
     return _StepLoopStepper(env, workers, _rollout_actions(spec, env))
 
 
@@ -255,7 +257,7 @@ def _build_shmvec_rollout(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
 
     workers = min(spec.num_workers, spec.num_envs)
-    env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=spec.in_process)
+    env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=spec.in_process, spin_us=spec.spin_us)
     return _RolloutStepper(env, workers, _rollout_actions(spec, env))
 
 
