@@ -17,7 +17,7 @@ from shmvec import protocol as P
 from shmvec.actions import ActionBatch
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
-from shmvec.layout import assemble, pickled_fields
+from shmvec.tree import assemble, pickled_fields
 from shmvec.blocks import set_attr_payloads
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
 from shmvec.pool import WorkerPool

@@ -107,7 +107,7 @@ class EnvBlock:
         if self.flat_obs:
             self._write_leaf(targets[0], 0, j, obs)
             return
-        from shmvec.layout import flatten
+        from shmvec.tree import flatten
 
         try:
             parts = flatten(self.observation_space, obs)
@@ -167,7 +167,7 @@ class EnvBlock:
         if self.flat_act:
             a = act[0][j]
             return a if self.act_scalar[0] else a.copy()
-        from shmvec.layout import assemble
+        from shmvec.tree import assemble
 
         parts = [a[j] if scalar else a[j].copy() for a, scalar in zip(act, self.act_scalar)]
         return assemble(self.action_space, parts)
