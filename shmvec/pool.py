@@ -28,7 +28,7 @@ from shmvec.blocks import split
 from shmvec.checks import usable_cores
 from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
-from shmvec.worker import PHASES, EnvBlock, worker_main
+from shmvec.worker import EnvBlock, worker_main
 
 # Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
 SENTINEL_CHECK_S = 0.02
@@ -99,8 +99,7 @@ class WorkerPool:
         if spin_us is not None:
             worker_spin = main_spin = float(spin_us)
         oversubscribed = self.num_procs + 1 > cores
-        self.spin = {"max": worker_spin * 1e-6, "min": min(50e-6, worker_spin * 1e-6),
-                     "oversubscribed": oversubscribed}
+        self._worker_spin = SpinPolicy(worker_spin * 1e-6, min(50e-6, worker_spin * 1e-6), oversubscribed)
         self._wait_policy = SpinPolicy(main_spin * 1e-6, min(50e-6, main_spin * 1e-6), oversubscribed)
         self._next_sentinel_check = 0.0
 
@@ -173,11 +172,12 @@ class WorkerPool:
 
     def _recv_spaces(self, w: int, deadline: float | None) -> tuple:
         msg = self._recv(w, deadline, "construct")
-        if msg[0] == "error":
-            raise WorkerError(msg[1])
-        if msg[0] == "mismatch":
-            raise ValueError(f"env {msg[1]} has spaces {msg[2]} that differ from those of env {self.lanes[w].start}")
-        return (self.lanes[w].start, *msg[1:])
+        if isinstance(msg, P.ConstructError):
+            raise WorkerError(msg.report)
+        if isinstance(msg, P.Mismatch):
+            raise ValueError(f"env {msg.env_index} has spaces {msg.spaces} that differ from those of env "
+                             f"{self.lanes[w].start}")
+        return (self.lanes[w].start, *msg)
 
     def _handshake(self) -> None:
         deadline = self._deadline()
@@ -240,13 +240,13 @@ class WorkerPool:
     def _attach(self, w: int) -> None:
         from multiprocessing.reduction import send_handle
 
-        self.conns[w].send(("attach", self.layout, self.autoreset_mode, self.spin))
+        self.conns[w].send(P.Attach(self.layout, self.autoreset_mode, self._worker_spin))
         send_handle(self.conns[w], self._seg_fd, self.procs[w].pid)
 
     def _recv_ready(self, w: int, deadline: float | None) -> None:
         msg = self._recv(w, deadline, "attach")
-        if msg[0] != "ready":
-            raise RuntimeError(f"worker {w} answered {msg[0]!r} to attach")
+        if not isinstance(msg, P.Ready):
+            raise RuntimeError(f"worker {w} answered {msg!r} to attach")
 
     def restart_lane(self, w: int) -> None:
         """Replace lane ``w``'s envs with new ones (a new worker process for a worker lane).
@@ -303,7 +303,7 @@ class WorkerPool:
         layout, fd, mm = self.rollout
         payloads: list[Any] = [layout] * len(self.lanes)
         payloads[-1] = layout if self.main_block is None else (layout, mm)
-        return self.run(P.ROLLOUT_ATTACH, payloads, lanes=lanes, fd=fd)
+        return self.run(P.Command.ROLLOUT_ATTACH, payloads, lanes=lanes, fd=fd)
 
     def _recv(self, w: int, deadline: float | None, phase: str) -> Any:
         """Receive one message from worker ``w``, watching its liveness and the deadline."""
@@ -342,7 +342,7 @@ class WorkerPool:
         main = len(self.lanes) - 1 if self.main_block is not None and main_in(procs, self.num_procs) else None
         if main is not None:
             procs = [w for w in procs if w < self.num_procs]
-        if self._pickled_act and cmd == P.STEP:
+        if self._pickled_act and cmd == P.Command.STEP:
             payloads = self._action_payloads(procs)
         seq = self.seq = self.seq + 1
         lines, target, submitted, now = self.lines, self._target, self._submitted, time.perf_counter()
@@ -547,16 +547,16 @@ class WorkerPool:
                         replies[w] = reply
                 continue
             status = lines[w][P.STATUS]
-            if status == P.OK:
+            if status == P.Status.OK:
                 continue
-            phase = PHASES.get(self._cmd[w], str(self._cmd[w]))
+            phase = P.phase(self._cmd[w])
             try:
                 msg = self._recv(w, deadline, phase)
             except (WorkerDied, StepTimeout) as exc:
                 failures[w] = exc
                 continue
-            if status == P.REPLY:
-                if self._pickled_obs and self._cmd[w] in (P.STEP, P.RESET):
+            if status == P.Status.REPLY:
+                if self._pickled_obs and self._cmd[w] in (P.Command.STEP, P.Command.RESET):
                     msg = self._absorb(w, msg)
                     if msg is None:
                         continue
@@ -574,7 +574,7 @@ class WorkerPool:
             raise
         except Exception as exc:
             main = len(self.lanes) - 1
-            return None, WorkerError(P.error_report(exc, main, self.main_block.current, PHASES.get(cmd, str(cmd))))
+            return None, WorkerError(P.error_report(exc, main, self.main_block.current, P.phase(cmd)))
 
     def run(self, cmd: int, payloads: list | None = None, timeout: float | None = -1.0,
             lanes: list[int] | None = None, arg: int = 0, fd: int | None = None
@@ -630,7 +630,7 @@ class WorkerPool:
         if self.procs and not self.broken and self.views:
             try:
                 self.closed = False
-                self.run(P.CLOSE, timeout=timeout)
+                self.run(P.Command.CLOSE, timeout=timeout)
             except Exception:
                 pass
             finally:

@@ -13,7 +13,6 @@ from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from shmvec import protocol as P
 from shmvec.actions import ActionBatch
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
@@ -21,6 +20,7 @@ from shmvec.tree import assemble, pickled_fields
 from shmvec.blocks import set_attr_payloads
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
 from shmvec.pool import WorkerPool
+from shmvec.protocol import Command
 from shmvec.storage import RolloutStorage, split_policy_output
 from shmvec.worker import Targets
 
@@ -258,7 +258,7 @@ class ShmVecEnv(VectorEnv):
                 for lane in self._pool.lanes
             ]
         self._drain()
-        replies = self._run(P.RESET, payloads)
+        replies = self._run(Command.RESET, payloads)
         self._needs_reset = False
         self._current_obs = self._obs_views
         self._idle = [True] * len(self._idle)
@@ -285,7 +285,7 @@ class ShmVecEnv(VectorEnv):
         self._write_actions(actions)
         self._restarted = None
         self._current_obs = self._obs_views
-        replies = self._run(P.STEP)
+        replies = self._run(Command.STEP)
         infos = self._merge_infos(replies, same_step=self.autoreset_mode is AutoresetMode.SAME_STEP)
         if self.check_finite:
             self._check_finite(rewards=True)
@@ -296,7 +296,7 @@ class ShmVecEnv(VectorEnv):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read the attribute if not callable)."""
-        replies = self._run(P.CALL, [(name, args, kwargs)] * len(self._pool.lanes), closes_on_error=False)
+        replies = self._run(Command.CALL, [(name, args, kwargs)] * len(self._pool.lanes), closes_on_error=False)
         return tuple(result for lane in replies for result in lane)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
@@ -305,7 +305,7 @@ class ShmVecEnv(VectorEnv):
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Set attribute ``name`` of every env: one value for all, or a list/tuple of one per env."""
-        self._run(P.SET_ATTR, set_attr_payloads(name, values, self._pool.lanes), closes_on_error=False)
+        self._run(Command.SET_ATTR, set_attr_payloads(name, values, self._pool.lanes), closes_on_error=False)
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:
@@ -342,7 +342,7 @@ class ShmVecEnv(VectorEnv):
         if seeds is not None or options is not None:
             payloads = [(None if seeds is None else seeds[lane.start:lane.stop], options, None)
                         for lane in self._pool.lanes]
-        self._submit(P.RESET, list(range(len(self._pool.lanes))), payloads)
+        self._submit(Command.RESET, list(range(len(self._pool.lanes))), payloads)
         self._needs_reset = False
 
     def send(self, actions: Any, env_ids: Any) -> None:
@@ -361,7 +361,7 @@ class ShmVecEnv(VectorEnv):
             lanes = self._lanes_of(np.asarray(env_ids))
         ids, index, _ = self._batch_of(lanes)
         self._write_actions(actions, (len(ids), index))
-        self._submit(P.STEP, lanes, None)
+        self._submit(Command.STEP, lanes, None)
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]:
         """Wait for ``batch_size`` envs to finish; return their results and ids.
@@ -404,7 +404,7 @@ class ShmVecEnv(VectorEnv):
             self._idle[w] = True
         self._restarted = None
         if failures:
-            if self.on_error == "restart" and all(pool._cmd[w] == P.STEP for w in failures):
+            if self.on_error == "restart" and all(pool._cmd[w] == Command.STEP for w in failures):
                 try:
                     self._restart(failures, self._home)
                 except BaseException:
@@ -416,7 +416,7 @@ class ShmVecEnv(VectorEnv):
                 finally:
                     self.close()
         ids, index, contiguous = self._batch_of(ready)
-        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(pool._cmd[w] == P.STEP for w in ready)
+        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(pool._cmd[w] == Command.STEP for w in ready)
         infos = self._merge_infos([got.get(w) for w in ready], same_step=same_step, ids=ids)
         self._last_ids, self._last_lanes = ids, ready
         if self._pickled_obs is not None:
@@ -591,7 +591,7 @@ class ShmVecEnv(VectorEnv):
                 self._write_actions(actions, views=out.act)
                 storage.record_extras(t, extras)
                 self._restarted = None
-                replies = self._run(P.ROLLOUT_STEP, arg=t, out=out)
+                replies = self._run(Command.ROLLOUT_STEP, arg=t, out=out)
                 done = t + 1
                 if self._restarted:
                     restarted.append((t, self._restarted))
@@ -679,7 +679,7 @@ class ShmVecEnv(VectorEnv):
             replies, failures = self._pool.run(cmd, payloads, arg=arg)
             if not failures:
                 return replies
-            if cmd in (P.STEP, P.ROLLOUT_STEP) and self.on_error == "restart":
+            if cmd in (Command.STEP, Command.ROLLOUT_STEP) and self.on_error == "restart":
                 self._restart(failures, self._home if out is None else out)
                 return replies
             self._pool.raise_first(failures)
@@ -699,7 +699,7 @@ class ShmVecEnv(VectorEnv):
         for w in lanes:
             pool.restart_lane(w)
         payloads = [(None, None, None) if w in failures else None for w in range(len(pool.lanes))]
-        _, again = pool.run(P.RESET, payloads, lanes=lanes)
+        _, again = pool.run(Command.RESET, payloads, lanes=lanes)
         pool.raise_first(again)
         for w in lanes:
             sl = slice(pool.lanes[w].start, pool.lanes[w].stop)

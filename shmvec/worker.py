@@ -15,6 +15,15 @@ import os
 import signal
 from typing import Any
 
+from shmvec.protocol import ARG, CMD, DONE, GO, PAYLOAD, STATUS, SLEEPING, Attach, Command, ConstructError, \
+    Mismatch, Ready, Spaces, Status, error_report, phase
+
+# Plain ints for the per-step paths: comparing with one costs less than with an enum member.
+_STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP = (
+    int(Command.STEP), int(Command.RESET), int(Command.CALL), int(Command.SET_ATTR), int(Command.CLOSE),
+    int(Command.ROLLOUT_ATTACH), int(Command.ROLLOUT_STEP))
+_OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
+
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
@@ -77,9 +86,6 @@ class EnvBlock:
         self.run_return = [0.0] * len(envs)
         self.run_length = [0] * len(envs)
         self._np = np
-        from shmvec import protocol
-
-        self._protocol = protocol  # imported here, not per command: run() is on the hot path
 
     def _targets(self, layout, views: dict, row: int | None) -> Targets:
         """Views of this block's slice: the regular regions (``row=None``) or rollout row ``row``,
@@ -346,27 +352,23 @@ class EnvBlock:
 
     def run(self, cmd: int, payload: Any, arg: int = 0) -> Any:
         """Execute one protocol command; return the reply (``None`` when there is none)."""
-        P = self._protocol
-        if cmd == P.STEP:
+        if cmd == _STEP:
             if payload is not None:  # pickled action leaves (a worker process's block only)
                 self.load_actions(payload)
             return self.step()
-        if cmd == P.ROLLOUT_STEP:
+        if cmd == _ROLLOUT_STEP:
             return self.step(self.rows[arg])
-        if cmd == P.RESET:
+        if cmd == _RESET:
             return self.reset(payload)
-        if cmd == P.CALL:
+        if cmd == _CALL:
             return self.call(payload)
-        if cmd == P.SET_ATTR:
+        if cmd == _SET_ATTR:
             return self.set_attr(payload)
-        if cmd == P.CLOSE:
+        if cmd == _CLOSE:
             return self.close()
-        if cmd == P.ROLLOUT_ATTACH:
+        if cmd == _ROLLOUT_ATTACH:
             return self.attach_rollout(payload)
         raise ValueError(f"unknown command {cmd}")
-
-
-PHASES = {1: "step", 2: "reset", 3: "call", 4: "set_attr", 5: "close", 6: "rollout attach", 7: "rollout step"}
 
 
 def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
@@ -388,8 +390,6 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
 
     import cloudpickle
 
-    from shmvec import protocol as P
-
     block = None
     try:
         env_fns = cloudpickle.loads(env_fns_blob)
@@ -398,23 +398,23 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
             try:
                 envs.append(fn())
             except BaseException as exc:
-                conn.send(("error", P.error_report(exc, index, start + j, "construct")))
+                conn.send(ConstructError(error_report(exc, index, start + j, "construct")))
                 for env in envs:
                     env.close()
                 return
         env0 = envs[0]
         for j, env in enumerate(envs[1:], 1):
             if env.observation_space != env0.observation_space or env.action_space != env0.action_space:
-                conn.send(("mismatch", start + j, (env.observation_space, env.action_space)))
+                conn.send(Mismatch(start + j, (env.observation_space, env.action_space)))
                 return
-        conn.send(("spaces", env0.observation_space, env0.action_space, dict(env0.metadata),
-                   getattr(env0, "render_mode", None), getattr(env0, "spec", None)))
+        conn.send(Spaces(env0.observation_space, env0.action_space, dict(env0.metadata),
+                         getattr(env0, "render_mode", None), getattr(env0, "spec", None)))
         msg = conn.recv()
-        if msg[0] != "attach":
+        if not isinstance(msg, Attach):
             for env in envs:
                 env.close()
             return
-        _, layout, autoreset_mode, spin = msg
+        layout, autoreset_mode, spin = msg
         from multiprocessing.reduction import recv_handle
 
         from shmvec.layout import control_lines
@@ -424,7 +424,7 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         views = layout.views(mm)
         block = EnvBlock(envs, start, index, layout, views, autoreset_mode, env0.observation_space,
                          env0.action_space)
-        conn.send(("ready",))
+        conn.send(Ready())
         parent = mp.parent_process()
         _serve(block, control_lines(views), index, conn, wake_r.fileno(), done_w.fileno(), spin,
                parent.sentinel if parent is not None else None, bool(layout.pickled("obs/")))
@@ -436,30 +436,31 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         conn.close()
 
 
-def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: int, spin: dict,
+def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: int, policy,
            parent_sentinel: int | None, pickled_obs: bool) -> None:
-    """Serve commands until CLOSE. ``pickled_obs``: the observation space has pickled leaves,
-    which every STEP and RESET reply carries (see ``protocol``)."""
+    """Serve commands until CLOSE, waiting for each with ``policy`` (a ``sync.SpinPolicy``).
+
+    ``pickled_obs``: the observation space has pickled leaves, which every STEP and RESET
+    reply carries (see ``protocol``).
+    """
+    import time
     from multiprocessing.reduction import ForkingPickler, recv_handle
 
-    from shmvec import protocol as P
     from shmvec.segment import map_fd
-    from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
+    from shmvec.sync import block_until, fence, ring, spin_until
 
     mine, main_line = lines[index], lines[-1]
-    policy = SpinPolicy(spin["max"], spin["min"], spin["oversubscribed"])
     watch = [parent_sentinel] if parent_sentinel is not None else []
     ppid = os.getppid()
-    seq = int(mine[P.DONE])
-    import time
-
+    seq = int(mine[DONE])
     clock = time.perf_counter
-    while True:
-        # A new command is any change of GO: main may skip a worker's lane in a round (a
-        # restart addresses only the restarted lanes), so sequence numbers can jump.
-        def arrived() -> bool:
-            return mine[P.GO] != seq
 
+    # A new command is any change of GO: main may skip a lane in a round (a restart addresses
+    # only the restarted lanes), so sequence numbers can jump.
+    def arrived() -> bool:
+        return mine[GO] != seq
+
+    while True:
         t0 = clock()
         if not spin_until(arrived, policy):
             while True:
@@ -470,32 +471,32 @@ def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: 
                     return  # the main process died: exit quietly
         policy.update(clock() - t0)
         fence()
-        seq = int(mine[P.GO])
-        cmd = int(mine[P.CMD])
-        arg = int(mine[P.ARG])
-        payload = conn.recv() if mine[P.PAYLOAD] else None
+        seq = int(mine[GO])
+        cmd = int(mine[CMD])
+        arg = int(mine[ARG])
+        payload = conn.recv() if mine[PAYLOAD] else None
         try:
-            if cmd == P.ROLLOUT_ATTACH:  # the segment's descriptor follows the payload
+            if cmd == _ROLLOUT_ATTACH:  # the segment's descriptor follows the payload
                 payload = (payload, map_fd(recv_handle(conn), payload.size))
             reply = block.run(cmd, payload, arg)
-            if pickled_obs and (cmd == P.STEP or cmd == P.RESET):
-                reply = (reply, block.pickled_results(cmd == P.STEP))
-            status = P.OK
+            if pickled_obs and (cmd == _STEP or cmd == _RESET):
+                reply = (reply, block.pickled_results(cmd == _STEP))
+            status = _OK
             if reply is not None:
                 # Pickled here, not in send: a result that cannot be pickled (an env's
                 # observation or info) is reported as this command's error, not a dead worker.
                 reply = ForkingPickler.dumps(reply)
-                status = P.REPLY
+                status = _REPLY
         except BaseException as exc:
-            reply = ForkingPickler.dumps(P.error_report(exc, index, block.current, PHASES.get(cmd, str(cmd))))
-            status = P.ERROR
-        mine[P.STATUS] = status
+            reply = ForkingPickler.dumps(error_report(exc, index, block.current, phase(cmd)))
+            status = _ERROR
+        mine[STATUS] = status
         fence()
-        mine[P.DONE] = seq
+        mine[DONE] = seq
         fence()
-        if main_line[P.SLEEPING]:
+        if main_line[SLEEPING]:
             ring(done_w)
-        if status != P.OK:
+        if status != _OK:
             conn.send_bytes(reply)
-        if cmd == P.CLOSE:
+        if cmd == _CLOSE:
             return
