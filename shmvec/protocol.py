@@ -1,7 +1,9 @@
-"""The worker protocol: command codes, status codes and the words of a control line.
+"""The protocol between the calling process ("main") and the workers, all in one place: the
+words of a control line, the command and status codes, the handshake records, error reports.
 
-Each worker owns one 64-byte control line (8 int64 words) in the shared segment; the main
-process owns the line after the last worker. One command round is:
+Each lane owns one 64-byte control line (8 int64 words) in the shared segment, written by
+main and by the worker that serves the lane; main owns the line after the last lane. One
+command round is:
 
 1. main writes ``CMD``, ``ARG`` (and ``PAYLOAD`` = 1 when a pickled payload follows on the worker's
    pipe), then bumps ``GO``; if the worker's ``SLEEPING`` word is set, main writes one wake
@@ -82,6 +84,12 @@ class Spaces(NamedTuple):
     metadata: dict
     render_mode: str | None
     spec: Any
+
+    @classmethod
+    def of(cls, env: Any) -> Spaces:
+        """What ``env`` (the first of a lane) reports."""
+        return cls(env.observation_space, env.action_space, dict(env.metadata), getattr(env, "render_mode", None),
+                   getattr(env, "spec", None))
 
 
 class ConstructError(NamedTuple):

@@ -1,8 +1,8 @@
-"""Stepping a contiguous block of envs into shared arrays, and the worker process around it.
+"""Stepping the envs of a lane into shared arrays, and the worker process around it.
 
-:class:`EnvBlock` holds envs ``[start, stop)`` and runs one command on all of them, reading
+:class:`Lane` holds envs ``[start, stop)`` and runs one command on all of them, reading
 actions from and writing results to the shared views. The same class serves a worker process
-(:func:`worker_main`) and the block the main process steps itself, so both behave identically.
+(:func:`worker_main`) and the lane the main process steps itself, so both behave identically.
 
 Only the standard library is imported at module level: a spawned worker sets the thread-count
 variables of BLAS/OpenMP before numpy is first imported.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shmvec.protocol import ARG, CMD, DONE, GO, PAYLOAD, STATUS, SLEEPING, Attach, Command, ConstructError, \
@@ -32,7 +33,7 @@ class EnvObsError(ValueError):
 
 
 class Targets:
-    """Where one step of a block reads its actions and writes its results (views of its slice)."""
+    """Where one step of a lane reads its actions and writes its results (views of its slice)."""
 
     __slots__ = ("obs", "final_obs", "act", "rewards", "terminations", "truncations")
 
@@ -42,17 +43,17 @@ class Targets:
         self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
 
 
-class EnvBlock:
-    """The envs ``[start, start + len(envs))`` of a vector env, stepping into shared views."""
+class Lane:
+    """The envs ``[start, start + len(envs))`` of lane ``index``, stepping into shared views."""
 
-    def __init__(self, envs: list, start: int, worker_index: int, layout, views: dict, autoreset_mode: str,
+    def __init__(self, envs: list, start: int, index: int, layout, views: dict, autoreset_mode: str,
                  observation_space, action_space) -> None:
         import numpy as np
 
         self.envs = envs
         self.start = start
         self.stop = start + len(envs)
-        self.worker_index = worker_index
+        self.index = index
         self.mode = autoreset_mode  # "NextStep" | "SameStep" | "Disabled"
         self.observation_space = observation_space
         self.action_space = action_space
@@ -63,14 +64,14 @@ class EnvBlock:
         self.flat_obs = len(self.obs_leaves) == 1 and not leaf0.path and not leaf0.pickled
         # How each observation leaf is written, chosen once: a pickled one is one object per env.
         self._writers = [self._write_object if leaf.pickled else self._write_leaf for leaf in self.obs_leaves]
-        # Small observations are gathered and written once per block: one numpy call instead
+        # Small observations are gathered and written once per lane: one numpy call instead
         # of a check and an item assignment per env (half the cost up to ~4 KB per env; past
         # that the extra copy costs more than the calls it saves).
         self.gather_obs = self.flat_obs and int(np.prod(leaf0.shape)) * leaf0.dtype.itemsize <= 4096
         self.flat_act = len(layout.act_leaves) == 1 and not layout.act_leaves[0].path
         self.act_scalar = [leaf.shape == () for leaf in layout.act_leaves]
         sl = slice(self.start, self.stop)
-        # This block's slice of each pickled region, by name: what a worker receives with a
+        # This lane's slice of each pickled region, by name: what a worker receives with a
         # step's command (actions) and sends back with its reply (observations).
         self.pickled = {name: views[name][sl] for name in layout.pickled("obs/", "final_obs/", "act/")}
         self.autoreset = views["autoreset"][sl]
@@ -88,7 +89,7 @@ class EnvBlock:
         self._np = np
 
     def _targets(self, layout, views: dict, row: int | None) -> Targets:
-        """Views of this block's slice: the regular regions (``row=None``) or rollout row ``row``,
+        """Views of this lane's slice: the regular regions (``row=None``) or rollout row ``row``,
         whose step writes its observation into row ``row + 1``."""
         sl = slice(self.start, self.stop)
         if row is None:
@@ -180,12 +181,12 @@ class EnvBlock:
 
     # -- pickled leaves, for a worker process ------------------------------------------------
     def load_actions(self, payload: dict[str, Any]) -> None:
-        """Take this block's pickled action leaves (``{region name: [n] object array}``)."""
+        """Take this lane's pickled action leaves (``{region name: [n] object array}``)."""
         for name, values in payload.items():
             self.pickled[name][...] = values
 
     def pickled_results(self, step: bool) -> dict[str, Any]:
-        """This block's pickled observation leaves, ``{region name: [n] object array}``, to send
+        """This lane's pickled observation leaves, ``{region name: [n] object array}``, to send
         with the reply of a step (``step``) or reset; after a step, its final observations too.
 
         The final ones are cleared once taken: only the envs that end an episode in a step
@@ -211,7 +212,7 @@ class EnvBlock:
         next_step = self.mode == "NextStep"
         same_step = self.mode == "SameStep"
         # The common case (one Box/Discrete leaf each way) runs inline: per-env Python
-        # overhead is what separates a block from a bare loop over the same envs.
+        # overhead is what separates a lane from a bare loop over the same envs.
         out = self.home if out is None else out
         fast = self.flat_obs and self.flat_act
         gather = fast and self.gather_obs
@@ -280,7 +281,7 @@ class EnvBlock:
     def _count_episodes(self, ended: list | None, resets: list | None) -> None:
         """Publish finished episodes and update the autoreset flags after a step.
 
-        ``ended``: block-local envs whose episode ended; ``resets``: those whose step was a
+        ``ended``: lane-local envs whose episode ended; ``resets``: those whose step was a
         NEXT_STEP reset.
         """
         if resets:
@@ -299,7 +300,7 @@ class EnvBlock:
                     self.autoreset[j] = True
 
     def reset(self, payload: tuple | None) -> list | None:
-        """Reset envs; payload is ``(seeds, options, mask)`` for this block or ``None``."""
+        """Reset envs; payload is ``(seeds, options, mask)`` for this lane or ``None``."""
         seeds, options, mask = payload if payload is not None else (None, None, None)
         reports = None
         for j, env in enumerate(self.envs):
@@ -353,7 +354,7 @@ class EnvBlock:
     def run(self, cmd: int, payload: Any, arg: int = 0) -> Any:
         """Execute one protocol command; return the reply (``None`` when there is none)."""
         if cmd == _STEP:
-            if payload is not None:  # pickled action leaves (a worker process's block only)
+            if payload is not None:  # pickled action leaves (a worker process's lane only)
                 self.load_actions(payload)
             return self.step()
         if cmd == _ROLLOUT_STEP:
@@ -371,7 +372,30 @@ class EnvBlock:
         raise ValueError(f"unknown command {cmd}")
 
 
-def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
+def build_envs(env_fns: Sequence[Callable[[], Any]], start: int, lane: int) -> list | ConstructError | Mismatch:
+    """Build the envs of ``lane``, env ``start`` first, and check that they share their spaces.
+
+    Returns the envs, or what went wrong as the handshake message that says it (the envs
+    built so far are closed then).
+    """
+    envs = []
+    for j, fn in enumerate(env_fns):
+        try:
+            envs.append(fn())
+        except BaseException as exc:
+            for env in envs:
+                env.close()
+            return ConstructError(error_report(exc, lane, start + j, "construct"))
+    env0 = envs[0]
+    for j, env in enumerate(envs[1:], 1):
+        if env.observation_space != env0.observation_space or env.action_space != env0.action_space:
+            for other in envs:
+                other.close()
+            return Mismatch(start + j, (env.observation_space, env.action_space))
+    return envs
+
+
+def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
     """Entry point of a worker process: build the envs, attach, serve commands until CLOSE.
 
     ``conn`` carries the handshake and the rare pickled payloads and replies; ``wake_r`` and
@@ -390,25 +414,14 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
 
     import cloudpickle
 
-    block = None
+    lane_envs = None
     try:
-        env_fns = cloudpickle.loads(env_fns_blob)
-        envs = []
-        for j, fn in enumerate(env_fns):
-            try:
-                envs.append(fn())
-            except BaseException as exc:
-                conn.send(ConstructError(error_report(exc, index, start + j, "construct")))
-                for env in envs:
-                    env.close()
-                return
+        envs = build_envs(cloudpickle.loads(env_fns_blob), start, lane)
+        if not isinstance(envs, list):
+            conn.send(envs)
+            return
         env0 = envs[0]
-        for j, env in enumerate(envs[1:], 1):
-            if env.observation_space != env0.observation_space or env.action_space != env0.action_space:
-                conn.send(Mismatch(start + j, (env.observation_space, env.action_space)))
-                return
-        conn.send(Spaces(env0.observation_space, env0.action_space, dict(env0.metadata),
-                         getattr(env0, "render_mode", None), getattr(env0, "spec", None)))
+        conn.send(Spaces.of(env0))
         msg = conn.recv()
         if not isinstance(msg, Attach):
             for env in envs:
@@ -422,21 +435,21 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
 
         mm = map_fd(recv_handle(conn), layout.size)
         views = layout.views(mm)
-        block = EnvBlock(envs, start, index, layout, views, autoreset_mode, env0.observation_space,
+        lane_envs = Lane(envs, start, lane, layout, views, autoreset_mode, env0.observation_space,
                          env0.action_space)
         conn.send(Ready())
         parent = mp.parent_process()
-        _serve(block, control_lines(views), index, conn, wake_r.fileno(), done_w.fileno(), spin,
+        _serve(lane_envs, control_lines(views), lane, conn, wake_r.fileno(), done_w.fileno(), spin,
                parent.sentinel if parent is not None else None, bool(layout.pickled("obs/")))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the main process went away: nothing to report to
     finally:
-        if block is not None:
-            del block
+        if lane_envs is not None:
+            del lane_envs
         conn.close()
 
 
-def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: int, policy,
+def _serve(envs: Lane, lines: list, lane: int, conn, wake_r: int, done_w: int, policy,
            parent_sentinel: int | None, pickled_obs: bool) -> None:
     """Serve commands until CLOSE, waiting for each with ``policy`` (a ``sync.SpinPolicy``).
 
@@ -449,7 +462,7 @@ def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: 
     from shmvec.segment import map_fd
     from shmvec.sync import block_until, fence, ring, spin_until
 
-    mine, main_line = lines[index], lines[-1]
+    mine, main_line = lines[lane], lines[-1]
     watch = [parent_sentinel] if parent_sentinel is not None else []
     ppid = os.getppid()
     seq = int(mine[DONE])
@@ -478,9 +491,9 @@ def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: 
         try:
             if cmd == _ROLLOUT_ATTACH:  # the segment's descriptor follows the payload
                 payload = (payload, map_fd(recv_handle(conn), payload.size))
-            reply = block.run(cmd, payload, arg)
+            reply = envs.run(cmd, payload, arg)
             if pickled_obs and (cmd == _STEP or cmd == _RESET):
-                reply = (reply, block.pickled_results(cmd == _STEP))
+                reply = (reply, envs.pickled_results(cmd == _STEP))
             status = _OK
             if reply is not None:
                 # Pickled here, not in send: a result that cannot be pickled (an env's
@@ -488,7 +501,7 @@ def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: 
                 reply = ForkingPickler.dumps(reply)
                 status = _REPLY
         except BaseException as exc:
-            reply = ForkingPickler.dumps(error_report(exc, index, block.current, phase(cmd)))
+            reply = ForkingPickler.dumps(error_report(exc, lane, envs.current, phase(cmd)))
             status = _ERROR
         mine[STATUS] = status
         fence()
