@@ -185,11 +185,11 @@ class WorkerPool:
             raise ValueError(f"env {start} has action_space {found.action_space}, but env 0 has {spaces.action_space}")
 
     def _main(self, envs: list) -> Lane:
-        lane = Lane(envs, self.lanes[-1].start, len(self.lanes) - 1, self.layout, self.views,
+        main = Lane(envs, self.lanes[-1].start, self.layout, self.views,
                     self.autoreset_mode, self.spaces.observation_space, self.spaces.action_space)
         if self.rollout is not None:
-            lane.attach_rollout((self.rollout.layout, self.rollout.mapping))
-        return lane
+            main.attach_rollout((self.rollout.layout, self.rollout.mapping))
+        return main
 
     def _attach(self, lane: int) -> None:
         self.workers.attach(lane, P.Attach(self.layout, self.autoreset_mode, self._worker_spin), self._segment.fd)

@@ -72,9 +72,6 @@ class WorkerProcesses:
         os.set_blocking(self.done_fd, False)
         os.set_blocking(done_w.fileno(), False)
 
-    def __len__(self) -> int:
-        return len(self.lane_envs)
-
     # -- start-up ------------------------------------------------------------------------------
     def start(self, lane: int) -> None:
         """Start (or restart) the worker process of ``lane``."""

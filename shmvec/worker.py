@@ -44,16 +44,15 @@ class Targets:
 
 
 class Lane:
-    """The envs ``[start, start + len(envs))`` of lane ``index``, stepping into shared views."""
+    """The envs ``[start, start + len(envs))`` of a lane, stepping into shared views."""
 
-    def __init__(self, envs: list, start: int, index: int, layout, views: dict, autoreset_mode: str,
+    def __init__(self, envs: list, start: int, layout, views: dict, autoreset_mode: str,
                  observation_space, action_space) -> None:
         import numpy as np
 
         self.envs = envs
         self.start = start
         self.stop = start + len(envs)
-        self.index = index
         self.mode = autoreset_mode  # "NextStep" | "SameStep" | "Disabled"
         self.observation_space = observation_space
         self.action_space = action_space
@@ -435,7 +434,7 @@ def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w
 
         mm = map_fd(recv_handle(conn), layout.size)
         views = layout.views(mm)
-        lane_envs = Lane(envs, start, lane, layout, views, autoreset_mode, env0.observation_space,
+        lane_envs = Lane(envs, start, layout, views, autoreset_mode, env0.observation_space,
                          env0.action_space)
         conn.send(Ready())
         parent = mp.parent_process()
