@@ -253,23 +253,18 @@ class WorkerPool:
     # A round is submit (signal the lanes), then wait (for all, or for some in async mode),
     # then collect (statuses and the rare pickled replies). Sync `run` is the three in a row.
 
-    def submit(self, cmd: int, lane_ids: list[int], payloads: list | None = None) -> None:
-        """Start ``cmd`` on the lanes ``lane_ids`` without waiting (the asynchronous API);
-        :meth:`receive` takes the results. The lanes are IN_FLIGHT until then.
+    def submit(self, cmd: int, lane_ids: list[int], payloads: list | None = None, arg: int = 0,
+               fd: int | None = None, state: LaneState = LaneState.IN_FLIGHT) -> None:
+        """Start ``cmd`` (with argument ``arg``) on the lanes ``lane_ids`` and put them in ``state``;
+        ``fd`` is a descriptor that follows each payload on the pipe.
 
-        Worker lanes start and run on their own. The main lane, if listed, is kept for
-        :meth:`wait` to run, and its result for :meth:`collect` to take.
+        Asynchronous rounds leave the lanes IN_FLIGHT until :meth:`receive` takes their
+        results; :meth:`run` submits with IDLE, as it collects them itself. Worker lanes start
+        and run on their own. The main lane, if listed, is kept for :meth:`wait` to run, and
+        its result for :meth:`collect` to take.
         """
         if self.closed or self.broken:
             raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
-        self._submit(cmd, lane_ids, payloads, 0, None)
-        states = self.states
-        for lane in lane_ids:
-            states[lane] = LaneState.IN_FLIGHT
-
-    def _submit(self, cmd: int, lane_ids: list[int], payloads: list | None, arg: int, fd: int | None) -> None:
-        """Signal ``cmd`` (with argument ``arg``) to the lanes ``lane_ids``; ``fd`` is a
-        descriptor that follows each payload on the pipe."""
         main = self.main_lane
         if main is not None and main in lane_ids:
             lane_ids = [lane for lane in lane_ids if lane != main]
@@ -278,8 +273,8 @@ class WorkerPool:
         if self._pickled_act and cmd == Command.STEP:
             payloads = self._action_payloads(lane_ids)
         seq = self.seq = self.seq + 1
-        lines, target, commands, submitted, now = self.lines, self._target, self.commands, self._submitted, \
-            time.perf_counter()
+        lines, target, commands, states = self.lines, self._target, self.commands, self.states
+        submitted, now = self._submitted, time.perf_counter()
         for lane in lane_ids:
             line = lines[lane]
             line[P.CMD] = cmd
@@ -288,6 +283,7 @@ class WorkerPool:
             target[lane] = seq
             submitted[lane] = now
             commands[lane] = cmd
+            states[lane] = state
         fence()
         for lane in lane_ids:
             lines[lane][P.GO] = seq
@@ -304,7 +300,7 @@ class WorkerPool:
         if main is not None:
             # Deferred to wait(): the main process steps its lane while it would otherwise
             # wait for the workers, and only then, so it keeps handing out their batches first.
-            target[main], commands[main] = seq, cmd
+            target[main], commands[main], states[main] = seq, cmd, state
             self._main_pending = (cmd, None if payloads is None else payloads[main], arg)
 
     def _action_payloads(self, lane_ids: list[int]) -> list[dict[str, np.ndarray] | None]:
@@ -324,12 +320,9 @@ class WorkerPool:
             self.views[name][sl] = values
         return reply
 
-    def in_flight(self) -> list[int]:
-        """The lanes whose submitted command's results :meth:`receive` has not taken yet."""
-        return [lane for lane, state in enumerate(self.states) if state is LaneState.IN_FLIGHT]
-
-    def receive(self, lane_ids: list[int], count: int) -> tuple[list[int], dict[int, Any], dict[int, Exception]]:
-        """Wait until ``count`` of the in-flight lanes ``lane_ids`` finished; take their results.
+    def receive(self, count: int) -> tuple[list[int], dict[int, Any], dict[int, Exception]]:
+        """Wait until ``count`` of the lanes in flight finished (all of them if fewer are in
+        flight; at least one must be); take their results.
 
         Returns ``(ready, replies, failures)``: the lanes taken, in lane order, which are IDLE
         again; the replies of those that sent one; the failures (as :meth:`run` reports them).
@@ -337,26 +330,24 @@ class WorkerPool:
         come first (not to be lost), then the oldest submissions: a lane that keeps finishing
         fast cannot starve the others.
         """
-        failures = self.wait(lane_ids, count, self.timeout)
-        ready = self._finished(lane_ids)  # in lane order
+        states, in_flight = self.states, LaneState.IN_FLIGHT
+        flying = [lane for lane, state in enumerate(states) if state is in_flight]
+        count = min(count, len(flying))
+        failures = self.wait(flying, count, self.timeout)
+        lines, target, num_workers = self.lines, self._target, len(self.worker_lanes)
+        ready = [lane for lane in flying  # in lane order
+                 if (lines[lane][DONE] == target[lane] if lane < num_workers else self._main_result is not None)]
         if failures:
             ready = sorted(set(ready) | set(failures))
         if len(ready) > count:
-            target = self._target
             ready = sorted(sorted(ready, key=lambda lane: (lane not in failures, target[lane]))[:count])
         failures = {lane: e for lane, e in failures.items() if lane in ready}
         replies, failed = self.collect([lane for lane in ready if lane not in failures], self.timeout)
         failures.update(failed)
-        states = self.states
+        idle = LaneState.IDLE
         for lane in ready:
-            states[lane] = LaneState.IDLE
+            states[lane] = idle
         return ready, replies, failures
-
-    def _finished(self, lane_ids: list[int]) -> list[int]:
-        """The lanes among ``lane_ids`` whose last submitted command has finished."""
-        lines, target, n = self.lines, self._target, len(self.worker_lanes)
-        return [lane for lane in lane_ids
-                if (lines[lane][DONE] == target[lane] if lane < n else self._main_result is not None)]
 
     def wait(self, lane_ids: list[int], count: int, timeout: float | None) -> dict[int, Exception]:
         """Spin, then block, until ``count`` lanes of ``lane_ids`` have finished or failed.
@@ -423,7 +414,7 @@ class WorkerPool:
             policy.update(time.perf_counter() - t0)
             fence()
             return
-        submitted, workers = self._submitted, self.workers
+        submitted, workers, procs = self._submitted, self.workers, self.workers.procs
         while True:
             watch = [lane for lane in lane_ids if lane not in failures and lines[lane][DONE] != target[lane]]
             remaining = None
@@ -431,7 +422,7 @@ class WorkerPool:
                 remaining = max(0.0, min(submitted[lane] for lane in watch) + timeout - time.perf_counter())
             try:
                 dead = block_until(ready, self.main_line, workers.done_fd,
-                                   [workers.sentinel(lane) for lane in watch], remaining)
+                                   [procs[lane].sentinel for lane in watch], remaining)
             except TimeoutError:
                 now = time.perf_counter()
                 for lane in watch:
@@ -441,7 +432,7 @@ class WorkerPool:
                     break
                 continue
             for lane in watch:
-                if workers.sentinel(lane) in dead and lines[lane][DONE] != target[lane]:
+                if procs[lane].sentinel in dead and lines[lane][DONE] != target[lane]:
                     failures[lane] = workers.died(lane)
             if not dead or ready():
                 break
@@ -460,15 +451,15 @@ class WorkerPool:
         if now < self._next_sentinel_check:
             return
         self._next_sentinel_check = now + SENTINEL_CHECK_S
-        lines, target, workers = self.lines, self._target, self.workers
+        lines, target, workers, procs = self.lines, self._target, self.workers, self.workers.procs
         late = [lane for lane in lane_ids if lines[lane][DONE] != target[lane] and lane not in failures]
         if not late:
             return
-        dead, _, _ = select.select([workers.sentinel(lane) for lane in late], [], [], 0)
+        dead, _, _ = select.select([procs[lane].sentinel for lane in late], [], [], 0)
         for lane in late:
             if lines[lane][DONE] == target[lane]:
                 continue
-            if workers.sentinel(lane) in dead:
+            if procs[lane].sentinel in dead:
                 failures[lane] = workers.died(lane)
             elif timeout is not None and now - self._submitted[lane] > timeout:
                 failures[lane] = workers.stop_overdue(lane, timeout)
@@ -531,8 +522,6 @@ class WorkerPool:
         (an env raised; the worker lives on), :class:`WorkerDied` or :class:`StepTimeout` (the
         worker is gone). The caller decides: raise (see :meth:`raise_first`) or restart those lanes.
         """
-        if self.closed or self.broken:
-            raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
         if timeout is None:
             timeout = self.timeout
         main = self.main_lane
@@ -543,7 +532,9 @@ class WorkerPool:
         replies: list[Any] = [None] * len(self.lanes)
         failures: dict[int, Exception] = {}
         if workers:
-            self._submit(cmd, workers, payloads, arg, fd)
+            self.submit(cmd, workers, payloads, arg, fd, LaneState.IDLE)  # refuses a closed or broken pool
+        elif self.closed or self.broken:
+            raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
         if self.main is not None and (lane_ids is None or main in lane_ids):
             replies[main], exc = self.run_main(cmd, None if payloads is None else payloads[main], arg)
             if exc is not None:

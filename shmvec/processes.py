@@ -152,10 +152,6 @@ class WorkerProcesses:
                 raise self.died(lane)
 
     # -- faults ------------------------------------------------------------------------------------
-    def sentinel(self, lane: int) -> int:
-        """The fd that becomes readable when worker ``lane`` exits."""
-        return self.procs[lane].sentinel
-
     def died(self, lane: int) -> WorkerDied:
         """Reap worker ``lane``, which exited; the failure to report."""
         proc = self.procs[lane]

@@ -379,13 +379,11 @@ class ShmVecEnv(VectorEnv):
         if self._held is not None:
             (batch, self._last), self._held = self._held, None
             return batch
-        pool = self._pool
-        flying = pool.in_flight()
-        if not flying:
+        if _IN_FLIGHT not in self._lane_states:
             raise RuntimeError("recv() with no env in flight: call send() (or async_reset()) first")
-        count = min(self._batch_lanes, len(flying))  # fewer in flight (envs held back): what there is
-        with self._closing:
-            ready, got, failures = pool.receive(flying, count)
+        pool = self._pool
+        with self._closing:  # fewer lanes in flight than a batch (envs held back): what there is
+            ready, got, failures = pool.receive(self._batch_lanes)
         self._restarted = None
         commands = pool.commands
         if failures:
@@ -463,9 +461,8 @@ class ShmVecEnv(VectorEnv):
         """Wait for every command in flight and drop its results (before a synchronous round)."""
         if _IN_FLIGHT not in self._lane_states:  # the usual case, on the step path: no list built
             return
-        flying = self._pool.in_flight()
         with self._closing:
-            _, _, failures = self._pool.receive(flying, len(flying))
+            _, _, failures = self._pool.receive(len(self._lane_states))
             self._pool.raise_first({lane: e for lane, e in failures.items() if not isinstance(e, WorkerError)})
 
     # -- rollouts written in place --------------------------------------------------------
