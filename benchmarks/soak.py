@@ -40,7 +40,7 @@ def shm_entries() -> int:
 
 
 def sample(envs: shmvec.ShmVecEnv) -> dict:
-    pids = [p.pid for p in envs._pool.procs if p is not None]
+    pids = envs.worker_pids
     return {
         "main_rss_mb": rss_mb(os.getpid()),
         "worker_rss_mb": sum(rss_mb(p) for p in pids),

@@ -11,7 +11,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from shmvec.layout import Leaf, flatten, space_leaves
+from shmvec.tree import Leaf, flatten, space_leaves
 
 __all__ = ["ActionBatch", "action_checker"]
 

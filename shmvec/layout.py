@@ -13,101 +13,22 @@ the reply of its command (see ``protocol``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from gymnasium import spaces
 
+from shmvec.tree import PICKLED, Leaf, space_leaves
+
 ALIGN = 64  # a cache line: arrays written by different processes never share one
 
-# Control block: one cache line (8 int64 words) per worker, then one for the main process.
+# Control block: one cache line (8 int64 words) per lane, then one for the main process.
 CTRL_WORDS = 8
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-PICKLED = np.dtype(object)  # the dtype of a pickled leaf and of its (private) regions
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """One array of a (possibly nested) space: ``path`` indexes into the sample.
-
-    A fixed-size leaf has its sample's shape and dtype; a pickled leaf (a sample of no fixed
-    size) has shape ``()`` and dtype ``object``: one Python object per env.
-    """
-
-    path: tuple[Any, ...]
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    space: spaces.Space
-
-    @property
-    def field(self) -> str:
-        """The leaf's place in a sample, e.g. ``['image']`` (empty for a flat space)."""
-        return "".join(f"[{p!r}]" for p in self.path)
-
-    @property
-    def pickled(self) -> bool:
-        """Whether the leaf's samples travel pickled rather than in shared memory."""
-        return self.dtype == PICKLED
-
-
-def space_leaves(space: spaces.Space, path: tuple[Any, ...] = ()) -> list[Leaf]:
-    """Flatten ``space`` into leaves, in the order Gymnasium iterates them.
-
-    Box, Discrete, MultiDiscrete and MultiBinary are fixed-size leaves; Dict and Tuple are
-    opened; any other space (Text, Sequence, Graph, OneOf, a custom space) is one pickled leaf,
-    as Gymnasium's ``batch_space`` treats it as one item per env.
-    """
-    if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
-        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype), space)]
-    if isinstance(space, spaces.Dict):
-        return [leaf for key, sub in space.spaces.items() for leaf in space_leaves(sub, path + (key,))]
-    if isinstance(space, spaces.Tuple):
-        return [leaf for i, sub in enumerate(space.spaces) for leaf in space_leaves(sub, path + (i,))]
-    return [Leaf(path, (), PICKLED, space)]
-
-
-def pickled_fields(observation_space: spaces.Space, action_space: spaces.Space) -> list[str]:
-    """The pickled leaves of the two spaces, named for messages: ``["observation_space['x'] (Text)"]``."""
-    return [f"{what}{leaf.field} ({type(leaf.space).__name__})"
-            for what, space in (("observation_space", observation_space), ("action_space", action_space))
-            for leaf in space_leaves(space) if leaf.pickled]
-
-
-def assemble(space: spaces.Space, arrays: list[np.ndarray]) -> Any:
-    """Rebuild the nested structure of ``space`` (dict / tuple) around leaf arrays.
-
-    ``arrays`` is in :func:`space_leaves` order.
-    """
-    if not isinstance(space, (spaces.Dict, spaces.Tuple)):
-        return arrays[0]
-    return _assemble(space, iter(arrays))
-
-
-def _assemble(space: spaces.Space, leaves: Iterator[Any]) -> Any:
-    # A module-level function, not a closure that calls itself: such a closure is a reference
-    # cycle, which kept every batch it built alive until the garbage collector ran (measured:
-    # RSS swinging by 200 MB and a page fault per 4 KB of each new batch, async Atari-like 4x slower).
-    if isinstance(space, spaces.Dict):
-        return {key: _assemble(sub, leaves) for key, sub in space.spaces.items()}
-    if isinstance(space, spaces.Tuple):
-        return tuple(_assemble(sub, leaves) for sub in space.spaces)
-    return next(leaves)
-
-
-def flatten(space: spaces.Space, value: Any) -> list[Any]:
-    """The leaves of a nested sample, in :func:`space_leaves` order (the inverse of assemble)."""
-    if isinstance(space, spaces.Dict):
-        return [leaf for key, sub in space.spaces.items() for leaf in flatten(sub, value[key])]
-    if isinstance(space, spaces.Tuple):
-        return [leaf for i, sub in enumerate(space.spaces) for leaf in flatten(sub, value[i])]
-    return [value]
 
 
 @dataclass(frozen=True)
@@ -124,11 +45,18 @@ class Region:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
+@dataclass(kw_only=True)
 class Regions:
-    """Named, 64-byte aligned arrays packed one after the other into one segment."""
+    """Named, 64-byte aligned arrays packed one after the other into one segment, for
+    ``num_envs`` envs whose observations and actions are made of ``obs_leaves`` and
+    ``act_leaves`` (plus their final observations where ``with_final_obs``)."""
 
-    regions: dict[str, Region]
-    size: int
+    num_envs: int
+    obs_leaves: list[Leaf]
+    act_leaves: list[Leaf]
+    with_final_obs: bool
+    regions: dict[str, Region] = field(default_factory=dict)
+    size: int = 0
 
     def _add(self, name: str, shape: tuple[int, ...], dtype: Any) -> None:
         dtype = np.dtype(dtype)
@@ -138,6 +66,17 @@ class Regions:
         region = Region(name, self.size, tuple(shape), dtype)
         self.regions[name] = region
         self.size = _align(self.size + max(region.nbytes, 1))
+
+    def _add_leaves(self, obs_rows: tuple[int, ...], rows: tuple[int, ...]) -> None:
+        """The ``obs/<i>`` regions (``[*obs_rows, *leaf shape]``), then ``final_obs/<i>`` if
+        any and ``act/<i>`` (``[*rows, *leaf shape]``)."""
+        for i, leaf in enumerate(self.obs_leaves):
+            self._add(f"obs/{i}", (*obs_rows, *leaf.shape), leaf.dtype)
+        if self.with_final_obs:
+            for i, leaf in enumerate(self.obs_leaves):
+                self._add(f"final_obs/{i}", (*rows, *leaf.shape), leaf.dtype)
+        for i, leaf in enumerate(self.act_leaves):
+            self._add(f"act/{i}", (*rows, *leaf.shape), leaf.dtype)
 
     def views(self, buf: Any) -> dict[str, np.ndarray]:
         """Numpy views of every region over ``buf`` (a writable buffer of ``self.size`` bytes);
@@ -160,7 +99,7 @@ class Regions:
 
 
 def control_lines(views: dict) -> list[memoryview]:
-    """The ``ctrl`` region as one int64 memoryview per line (workers' lines, then main's).
+    """The ``ctrl`` region as one int64 memoryview per line (the lanes' lines, then main's).
 
     The hot paths poll and write single words; a memoryview item costs about a third of a
     numpy scalar's indexing and comes back as a plain ``int``.
@@ -168,13 +107,13 @@ def control_lines(views: dict) -> list[memoryview]:
     return [memoryview(line) for line in views["ctrl"]]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Layout(Regions):
     """Byte offsets of every array in the segment.
 
     Regions (each ``[num_envs, ...]`` unless noted, each 64-byte aligned):
 
-    - ``ctrl``: ``[num_workers + 1, 8]`` int64, one cache line per worker plus the main process
+    - ``ctrl``: ``[num_lanes + 1, 8]`` int64, one cache line per lane plus the main process
     - ``obs/<i>``: one per observation leaf
     - ``final_obs/<i>``: one per observation leaf (same-step autoreset only)
     - ``act/<i>``: one per action leaf
@@ -185,13 +124,7 @@ class Layout(Regions):
     arrays outside the segment (see the module docstring).
     """
 
-    num_envs: int
-    num_workers: int
-    obs_leaves: list[Leaf]
-    act_leaves: list[Leaf]
-    with_final_obs: bool
-    regions: dict[str, Region] = field(default_factory=dict)
-    size: int = 0
+    num_lanes: int
 
     @classmethod
     def build(
@@ -199,25 +132,19 @@ class Layout(Regions):
         observation_space: spaces.Space,
         action_space: spaces.Space,
         num_envs: int,
-        num_workers: int,
+        num_lanes: int,
         with_final_obs: bool,
     ) -> Layout:
         layout = cls(
             num_envs=num_envs,
-            num_workers=num_workers,
+            num_lanes=num_lanes,
             obs_leaves=space_leaves(observation_space),
             act_leaves=space_leaves(action_space),
             with_final_obs=with_final_obs,
         )
         n = num_envs
-        layout._add("ctrl", (num_workers + 1, CTRL_WORDS), np.int64)
-        for i, leaf in enumerate(layout.obs_leaves):
-            layout._add(f"obs/{i}", (n, *leaf.shape), leaf.dtype)
-        if with_final_obs:
-            for i, leaf in enumerate(layout.obs_leaves):
-                layout._add(f"final_obs/{i}", (n, *leaf.shape), leaf.dtype)
-        for i, leaf in enumerate(layout.act_leaves):
-            layout._add(f"act/{i}", (n, *leaf.shape), leaf.dtype)
+        layout._add("ctrl", (num_lanes + 1, CTRL_WORDS), np.int64)
+        layout._add_leaves((n,), (n,))
         layout._add("rewards", (n,), np.float64)
         layout._add("terminations", (n,), np.bool_)
         layout._add("truncations", (n,), np.bool_)
@@ -228,7 +155,7 @@ class Layout(Regions):
         return layout
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RolloutLayout(Regions):
     """The rollout segment: ``[T, N]`` storage that workers fill step by step, in place.
 
@@ -240,30 +167,19 @@ class RolloutLayout(Regions):
     - ``act/<i>``: ``[T, N, ...]``, written by main before step ``t``
     - ``rewards`` float64, ``terminations`` / ``truncations`` bool: ``[T, N]``, written by step ``t``
 
-    A block stepping row ``t`` reads ``act[t]`` and writes ``rewards[t]``, the flags,
+    A lane stepping row ``t`` reads ``act[t]`` and writes ``rewards[t]``, the flags,
     ``final_obs[t]`` and ``obs[t + 1]``.
     """
 
-    num_envs: int
     num_steps: int
-    obs_leaves: list[Leaf]
-    act_leaves: list[Leaf]
-    with_final_obs: bool
-    regions: dict[str, Region] = field(default_factory=dict)
-    size: int = 0
 
     @classmethod
     def build(cls, layout: Layout, num_steps: int) -> RolloutLayout:
         """The rollout storage for ``num_steps`` steps of the vector env laid out by ``layout``."""
-        out = cls(layout.num_envs, num_steps, layout.obs_leaves, layout.act_leaves, layout.with_final_obs)
+        out = cls(num_envs=layout.num_envs, num_steps=num_steps, obs_leaves=layout.obs_leaves,
+                  act_leaves=layout.act_leaves, with_final_obs=layout.with_final_obs)
         t, n = num_steps, layout.num_envs
-        for i, leaf in enumerate(out.obs_leaves):
-            out._add(f"obs/{i}", (t + 1, n, *leaf.shape), leaf.dtype)
-        if out.with_final_obs:
-            for i, leaf in enumerate(out.obs_leaves):
-                out._add(f"final_obs/{i}", (t, n, *leaf.shape), leaf.dtype)
-        for i, leaf in enumerate(out.act_leaves):
-            out._add(f"act/{i}", (t, n, *leaf.shape), leaf.dtype)
+        out._add_leaves((t + 1, n), (t, n))
         out._add("rewards", (t, n), np.float64)
         out._add("terminations", (t, n), np.bool_)
         out._add("truncations", (t, n), np.bool_)

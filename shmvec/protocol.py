@@ -1,7 +1,9 @@
-"""The worker protocol: command codes, status codes and the words of a control line.
+"""The protocol between the calling process ("main") and the workers, all in one place: the
+words of a control line, the command and status codes, the handshake records, error reports.
 
-Each worker owns one 64-byte control line (8 int64 words) in the shared segment; the main
-process owns the line after the last worker. One command round is:
+Each lane owns one 64-byte control line (8 int64 words) in the shared segment, written by
+main and by the worker that serves the lane; main owns the line after the last lane. One
+command round is:
 
 1. main writes ``CMD``, ``ARG`` (and ``PAYLOAD`` = 1 when a pickled payload follows on the worker's
    pipe), then bumps ``GO``; if the worker's ``SLEEPING`` word is set, main writes one wake
@@ -24,9 +26,10 @@ The full sequence, with the wait strategy, is drawn in ``docs/architecture.md``.
 from __future__ import annotations
 
 import traceback
-from typing import Any
+from enum import IntEnum
+from typing import Any, NamedTuple
 
-# Words of a control line.
+# Words of a control line (indices into its int64 words; plain ints: the hot paths index with them).
 GO = 0  # command sequence number, written by main
 CMD = 1  # command code, written by main
 PAYLOAD = 2  # 1 when a pickled payload follows on the worker's pipe
@@ -35,25 +38,89 @@ STATUS = 4  # result of the last command, written by the worker
 SLEEPING = 5  # 1 while the owner of this line blocks in the kernel
 ARG = 6  # the command's argument (ROLLOUT_STEP: the row), written by main
 
-# Commands.
-STEP = 1  # payload (pickled action leaves only): {region name: the worker's slice}
-RESET = 2  # payload: (seeds, options, mask) of the worker's envs
-CALL = 3  # payload: (name, args, kwargs); reply: one result per env
-SET_ATTR = 4  # payload: (name, values for the worker's envs)
-CLOSE = 5
-ROLLOUT_ATTACH = 6  # payload: a RolloutLayout, then the rollout segment's fd on the pipe
-ROLLOUT_STEP = 7  # STEP reading and writing row ARG of the rollout segment
 
-# Statuses.
-OK = 0  # nothing follows
-REPLY = 1  # a pickled reply follows on the pipe
-ERROR = 2  # a pickled error report (see error_report) follows on the pipe
+class Command(IntEnum):
+    """What main asks a lane to do (the ``CMD`` word); ``phase`` names it in error reports."""
+
+    phase: str
+
+    def __new__(cls, value: int, phase: str) -> Command:
+        member = int.__new__(cls, value)
+        member._value_ = value
+        member.phase = phase
+        return member
+
+    STEP = 1, "step"  # payload (pickled action leaves only): {region name: the worker's slice}
+    RESET = 2, "reset"  # payload: (seeds, options, mask) of the lane's envs
+    CALL = 3, "call"  # payload: (name, args, kwargs); reply: one result per env
+    SET_ATTR = 4, "set_attr"  # payload: (name, values for the lane's envs)
+    CLOSE = 5, "close"
+    ROLLOUT_ATTACH = 6, "rollout attach"  # payload: a RolloutLayout, then the rollout segment's fd
+    ROLLOUT_STEP = 7, "rollout step"  # STEP reading and writing row ARG of the rollout segment
 
 
-def error_report(exc: BaseException, worker_index: int, env_index: int | None, phase: str) -> dict[str, Any]:
-    """A picklable description of an exception raised inside a worker."""
+class Status(IntEnum):
+    """How a lane's last command ended (the ``STATUS`` word)."""
+
+    OK = 0  # nothing follows
+    REPLY = 1  # a pickled reply follows on the pipe
+    ERROR = 2  # a pickled error report (see error_report) follows on the pipe
+
+
+def phase(cmd: int) -> str:
+    """The phase name of command code ``cmd`` for error reports (the number if it is unknown)."""
+    try:
+        return Command(cmd).phase
+    except ValueError:
+        return str(cmd)
+
+
+# The handshake, over each worker's pipe, before any command round (see docs/architecture.md).
+class Spaces(NamedTuple):
+    """Worker -> main: its envs are built and share these spaces."""
+
+    observation_space: Any
+    action_space: Any
+    metadata: dict
+    render_mode: str | None
+    spec: Any
+
+    @classmethod
+    def of(cls, env: Any) -> Spaces:
+        """What ``env`` (the first of a lane) reports."""
+        return cls(env.observation_space, env.action_space, dict(env.metadata), getattr(env, "render_mode", None),
+                   getattr(env, "spec", None))
+
+
+class ConstructError(NamedTuple):
+    """Worker -> main: building env ``report["env_index"]`` raised (an :func:`error_report`)."""
+
+    report: dict[str, Any]
+
+
+class Mismatch(NamedTuple):
+    """Worker -> main: env ``env_index`` has spaces that differ from its lane's first env."""
+
+    env_index: int
+    spaces: tuple[Any, Any]
+
+
+class Attach(NamedTuple):
+    """Main -> worker: map the segment laid out by ``layout`` (its fd follows on the pipe)."""
+
+    layout: Any
+    autoreset_mode: str
+    spin: Any  # the worker's sync.SpinPolicy
+
+
+class Ready(NamedTuple):
+    """Worker -> main: attached; commands may start."""
+
+
+def error_report(exc: BaseException, lane: int, env_index: int | None, phase: str) -> dict[str, Any]:
+    """A picklable description of an exception raised while lane ``lane`` ran its envs."""
     return {
-        "worker_index": worker_index,
+        "worker_index": lane,
         "env_index": env_index,
         "phase": phase,
         "exc_type": type(exc).__name__,

@@ -45,7 +45,7 @@ from shmvec.blocks import set_attr_payloads, split
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env
 from shmvec.errors import ActorDied, ClosedError, ShmVecError, StepTimeout, WorkerError
 from shmvec.infos import concat_infos
-from shmvec.layout import assemble, flatten, space_leaves
+from shmvec.tree import assemble, flatten, space_leaves
 
 __all__ = ["EnvHost", "RayVecEnv"]
 

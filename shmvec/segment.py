@@ -9,6 +9,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+from typing import Any
 
 PREFIX = "shmvec_"
 
@@ -44,3 +45,21 @@ def map_fd(fd: int, size: int) -> mmap.mmap:
         return mmap.mmap(fd, size)
     finally:
         os.close(fd)
+
+
+class Segment:
+    """A segment laid out by ``layout`` (a ``layout.Regions``): the descriptor to hand to
+    workers, this process's mapping, and numpy views of every region over it."""
+
+    def __init__(self, layout: Any) -> None:
+        self.layout = layout
+        self.fd: int | None
+        self.fd, self.mapping = create(layout.size)
+        self.views: dict[str, Any] = layout.views(self.mapping)
+
+    def close(self) -> None:
+        """Close the descriptor. The memory lives on while a mapping does (views handed out
+        with ``copy=False`` stay valid). Idempotent."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from shmvec.layout import RolloutLayout, assemble
+from shmvec.layout import RolloutLayout
+from shmvec.tree import assemble
 from shmvec.worker import Targets
 
 __all__ = ["RESERVED", "RolloutStorage", "split_policy_output"]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorWrapper
 
-from shmvec.layout import pickled_fields
+from shmvec.tree import pickled_fields
 from shmvec.storage import split_policy_output
 from shmvec.vector_env import ShmVecEnv
 

@@ -13,14 +13,14 @@ from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from shmvec import protocol as P
 from shmvec.actions import ActionBatch
 from shmvec.errors import ClosedError, NonFiniteError, WorkerError
 from shmvec.infos import add_info
-from shmvec.layout import assemble, pickled_fields
+from shmvec.tree import assemble, pickled_fields
 from shmvec.blocks import set_attr_payloads
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
-from shmvec.pool import WorkerPool
+from shmvec.pool import LaneState, WorkerPool
+from shmvec.protocol import Command
 from shmvec.storage import RolloutStorage, split_policy_output
 from shmvec.worker import Targets
 
@@ -40,7 +40,8 @@ class SharedBuffers(NamedTuple):
 
 
 class ShmVecEnv(VectorEnv):
-    """Vectorized environment whose workers step blocks of envs in shared memory.
+    """Vectorized environment whose worker processes step lanes (contiguous blocks) of envs in
+    shared memory.
 
     Observations, actions, rewards and episode flags live in one shared-memory segment: workers
     write results straight into it and only command bytes cross the pipes. Parts of a space
@@ -66,24 +67,24 @@ class ShmVecEnv(VectorEnv):
     env_fns : sequence of callables
         Factories returning ``gymnasium.Env``; lambdas and closures are fine (cloudpickle).
     num_workers : int, optional
-        Number of env blocks stepped in parallel; defaults to the usable cores (at most
-        ``num_envs``). With ``step_in_main`` one of them is the calling process.
+        Number of lanes stepped in parallel, each by a worker process; defaults to the usable
+        cores (at most ``num_envs``). With ``step_in_main`` the calling process steps one of them.
     batch_size : int, optional
         Envs that :meth:`recv` hands back at a time; defaults to ``num_envs`` (synchronous
         collection, :meth:`step` works). Smaller: asynchronous collection with
-        :meth:`send`/:meth:`recv` (``docs/async.md``); it must be a multiple of the block size
+        :meth:`send`/:meth:`recv` (``docs/async.md``); it must be a multiple of the lane size
         ``num_envs / num_workers``, and ``num_envs`` must divide by ``num_workers``.
     step_in_main : bool, default False
         ``False`` (the default): every env runs in a worker process, so an env that raises,
         segfaults, calls ``os._exit``, blows up its memory or hangs cannot take the calling
         process down (it comes back as a :class:`~shmvec.WorkerError` or
         :class:`~shmvec.WorkerDied`, or a restart with ``on_error="restart"``). ``True`` is an
-        opt-in speed mode: the calling process steps the last block itself while the workers
+        opt-in speed mode: the calling process steps the last lane itself while the workers
         step theirs, which on few cores and cheap envs beats waiting (no core idles). It gives
-        up isolation for that block: an env crash there ends your process, and
+        up isolation for that lane: an env crash there ends your process, and
         ``on_error="restart"`` can only recover from exceptions in it. With asynchronous
-        collection and ``True``, :meth:`recv` steps the calling process's block while fewer
-        than a batch's worth of worker blocks sent before it are done (``docs/async.md``).
+        collection and ``True``, :meth:`recv` steps the calling process's lane while fewer
+        than a batch's worth of worker lanes sent before it are done (``docs/async.md``).
     autoreset_mode : AutoresetMode or str, default NEXT_STEP
         Gymnasium's autoreset mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED``.
     copy : bool, default True
@@ -105,7 +106,7 @@ class ShmVecEnv(VectorEnv):
         ``TypeError``, as in Gymnasium.
     on_error : {"raise", "restart"}, default "raise"
         What a fault during ``step`` does. ``"raise"``: close the vector env cleanly and
-        raise the error. ``"restart"``: replace the failed worker (or the main process's block)
+        raise the error. ``"restart"``: replace the failed worker (or the main process's lane)
         with new envs, reset them, and carry on: each of its envs returns the first observation
         of a new episode with reward 0, ``terminated=False``, ``truncated=True`` and
         ``infos["restarted"]`` set (no ``final_obs``: the old episode's last observation is
@@ -157,15 +158,18 @@ class ShmVecEnv(VectorEnv):
         self._pool = WorkerPool(env_fns, self.num_workers, step_in_main, context, self.autoreset_mode.value,
                                 timeout, spin_us)
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
+        # Closes this env when the code it guards raises (a weak reference: no cycle keeps
+        # the env alive past its last user, whose garbage collection closes it).
+        self._closing = _ClosingOnError(weakref.ref(self))
         pool = self._pool
         self.context = pool.context
-        self.single_observation_space = pool.observation_space
-        self.single_action_space = pool.action_space
+        self.single_observation_space = pool.spaces.observation_space
+        self.single_action_space = pool.spaces.action_space
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
         self.action_space = batch_space(self.single_action_space, self.num_envs)
-        self.metadata = dict(pool.metadata)
+        self.metadata = dict(pool.spaces.metadata)
         self.metadata["autoreset_mode"] = self.autoreset_mode
-        self.render_mode = pool.render_mode
+        self.render_mode = pool.spaces.render_mode
 
         layout, views = pool.layout, pool.views
         self._actions = ActionBatch(self.single_action_space, validate_actions)
@@ -200,14 +204,13 @@ class ShmVecEnv(VectorEnv):
         self._stats = {name: views[name] for name in ("last_return", "last_length", "episode_count")}
         self._needs_reset = True
         lanes = len(pool.lanes)
-        self._in_flight = [False] * lanes  # async: a command was sent, its results not received
-        self._idle = [False] * lanes  # async: results received, awaiting the next send
-        self._last_ids: np.ndarray | None = None  # what the last recv returned, until a send
-        self._last_lanes: list[int] = []  # and its lanes
-        self._batches: dict[tuple[int, ...], tuple] = {}  # lanes -> (ids, index, contiguous), see _batch_of
-        # Whole blocks per recv: all of them in sync mode (whose blocks may differ in size by one env).
+        self._lane_states = pool.states  # read on the step path (see _drain)
+        # Async: the batch the last recv returned, until a send: (ids, index, contiguous, lanes).
+        self._last: tuple | None = None
+        self._batches: dict[tuple[int, ...], tuple] = {}  # lanes -> (ids, index, contiguous, lanes), see _batch_of
+        # Whole lanes per recv: all of them in sync mode (whose lanes may differ in size by one env).
         self._batch_lanes = lanes if self.batch_size == self.num_envs else self.batch_size // len(pool.lanes[0])
-        self._held: tuple | None = None  # async: (batch, lanes) refused by check_finite, for the next recv
+        self._held: tuple | None = None  # async: (batch, its _batch_of entry) refused by check_finite, for the next recv
 
     def _check_batch_size(self, batch_size: int | None) -> int:
         n, w = self.num_envs, self.num_workers
@@ -260,10 +263,9 @@ class ShmVecEnv(VectorEnv):
                 for lane in self._pool.lanes
             ]
         self._drain()
-        replies = self._run(P.RESET, payloads)
+        replies = self._run(Command.RESET, payloads)
         self._needs_reset = False
         self._current_obs = self._obs_views
-        self._idle = [True] * len(self._idle)
         if self.check_finite:
             self._check_finite(rewards=False)
         return self._observations(), self._merge_infos(replies, same_step=False)
@@ -287,7 +289,7 @@ class ShmVecEnv(VectorEnv):
         self._write_actions(actions)
         self._restarted = None
         self._current_obs = self._obs_views
-        replies = self._run(P.STEP)
+        replies = self._run(Command.STEP)
         infos = self._merge_infos(replies, same_step=self.autoreset_mode is AutoresetMode.SAME_STEP)
         if self.check_finite:
             self._check_finite(rewards=True)
@@ -298,7 +300,7 @@ class ShmVecEnv(VectorEnv):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read the attribute if not callable)."""
-        replies = self._run(P.CALL, [(name, args, kwargs)] * len(self._pool.lanes), closes_on_error=False)
+        replies = self._run(Command.CALL, [(name, args, kwargs)] * len(self._pool.lanes), closes_on_error=False)
         return tuple(result for lane in replies for result in lane)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
@@ -307,7 +309,7 @@ class ShmVecEnv(VectorEnv):
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Set attribute ``name`` of every env: one value for all, or a list/tuple of one per env."""
-        self._run(P.SET_ATTR, set_attr_payloads(name, values, self._pool.lanes), closes_on_error=False)
+        self._run(Command.SET_ATTR, set_attr_payloads(name, values, self._pool.lanes), closes_on_error=False)
 
     @property
     def np_random_seed(self) -> tuple[int, ...]:
@@ -344,7 +346,7 @@ class ShmVecEnv(VectorEnv):
         if seeds is not None or options is not None:
             payloads = [(None if seeds is None else seeds[lane.start:lane.stop], options, None)
                         for lane in self._pool.lanes]
-        self._submit(P.RESET, list(range(len(self._pool.lanes))), payloads)
+        self._submit(Command.RESET, list(range(len(self._pool.lanes))), payloads)
         self._needs_reset = False
 
     def send(self, actions: Any, env_ids: Any) -> None:
@@ -357,70 +359,41 @@ class ShmVecEnv(VectorEnv):
             if self.closed:
                 raise ClosedError("send() on a closed ShmVecEnv")
             raise ResetNeeded("send() was called before reset() or async_reset()")
-        if env_ids is self._last_ids:  # the usual loop: the (read-only) ids recv() just returned
-            lanes = self._last_lanes
-        else:
-            lanes = self._lanes_of(np.asarray(env_ids))
-        ids, index, _ = self._batch_of(lanes)
+        batch = self._last
+        if batch is None or env_ids is not batch[0]:  # the usual loop passes the (read-only) ids recv() returned
+            batch = self._batch_of(self._lanes_of(np.asarray(env_ids)))
+        ids, index, _, lanes = batch
         self._write_actions(actions, (len(ids), index))
-        self._submit(P.STEP, lanes, None)
+        self._submit(Command.STEP, lanes, None)
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]:
         """Wait for ``batch_size`` envs to finish; return their results and ids.
 
         Returns ``(obs, rewards, terminations, truncations, infos, env_ids)``, each with one row
-        per env of ``env_ids`` (a whole number of workers' blocks, in env order): ``batch_size``
+        per env of ``env_ids`` (a whole number of lanes, in env order): ``batch_size``
         envs, or all those in flight if fewer (when you hold some back). Blocks that finish
         first are returned first. Autoreset, infos and episode statistics behave as in
-        :meth:`step`. With ``copy=False`` a batch of adjacent blocks comes as read-only views.
+        :meth:`step`. With ``copy=False`` a batch of adjacent lanes comes as read-only views.
         ``env_ids`` is read-only: pass it back to :meth:`send` as it is (the cheapest check).
         """
         if self.closed:
             raise ClosedError("recv() on a closed ShmVecEnv")
         if self._held is not None:
-            (batch, self._last_lanes), self._held = self._held, None
-            self._last_ids = batch[-1]
+            (batch, self._last), self._held = self._held, None
             return batch
-        pool = self._pool
-        flying = [w for w, f in enumerate(self._in_flight) if f]
-        if not flying:
+        if _IN_FLIGHT not in self._lane_states:
             raise RuntimeError("recv() with no env in flight: call send() (or async_reset()) first")
-        count = min(self._batch_lanes, len(flying))  # fewer in flight (envs held back): what there is
-        try:
-            failures = pool.wait(flying, count, pool.timeout)
-            # Oldest submission first: a block that keeps finishing fast cannot starve the others.
-            ready = pool.finished(flying)  # in lane order; failed lanes count as finished
-            if failures:
-                ready = sorted(set(ready) | set(failures))
-            if len(ready) > count:  # failures first (not to be lost), then oldest submission
-                target = pool._target
-                ready = sorted(sorted(ready, key=lambda w: (w not in failures, target[w]))[:count])
-            failures = {w: e for w, e in failures.items() if w in ready}
-            got, failed = pool.collect([w for w in ready if w not in failures], pool.timeout)
-            failures.update(failed)
-        except BaseException:
-            self.close()
-            raise
-        for w in ready:
-            self._in_flight[w] = False
-            self._idle[w] = True
+        pool = self._pool
+        with self._closing:  # fewer lanes in flight than a batch (envs held back): what there is
+            ready, got, failures = pool.receive(self._batch_lanes)
         self._restarted = None
+        commands = pool.commands
         if failures:
-            if self.on_error == "restart" and all(pool._cmd[w] == P.STEP for w in failures):
-                try:
-                    self._restart(failures, self._home)
-                except BaseException:
-                    self.close()
-                    raise
-            else:
-                try:
-                    pool.raise_first(failures)
-                finally:
-                    self.close()
-        ids, index, contiguous = self._batch_of(ready)
-        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(pool._cmd[w] == P.STEP for w in ready)
-        infos = self._merge_infos([got.get(w) for w in ready], same_step=same_step, ids=ids)
-        self._last_ids, self._last_lanes = ids, ready
+            self._settle(failures, all(commands[lane] == Command.STEP for lane in failures), self._home)
+        self._last = last = self._batch_of(ready)
+        ids, index, contiguous, _ = last
+        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(commands[lane] == Command.STEP for lane in ready)
+        infos = self._merge_infos([got.get(lane) for lane in ready], same_step=same_step, ids=ids)
         if self._pickled_obs is not None:
             obs = self._with_objects(index, contiguous)
         elif not self.copy and contiguous:
@@ -437,79 +410,62 @@ class ShmVecEnv(VectorEnv):
                 self._check_finite(rewards=True, index=index)
             except NonFiniteError as exc:
                 # Nothing is lost: the next recv() hands this batch over as it is.
-                self._held, exc.env_ids = (batch, ready), ids
+                self._held, exc.env_ids = (batch, last), ids
                 raise
         return batch
 
-    def _batch_of(self, ready: list[int]) -> tuple[np.ndarray, slice | np.ndarray, bool]:
-        """``(env_ids, index, contiguous)`` of a batch made of the lanes ``ready``, made once per
-        combination: the ids are read-only, so the same array can be handed out every time."""
+    def _batch_of(self, ready: list[int]) -> tuple[np.ndarray, slice | np.ndarray, bool, list[int]]:
+        """``(env_ids, index, contiguous, lanes)`` of a batch made of the lanes ``ready``, made once
+        per combination: the ids are read-only, so the same array can be handed out every time."""
         key = tuple(ready)
         batch = self._batches.get(key)
         if batch is None:
-            lanes = [self._pool.lanes[w] for w in ready]
+            lanes = [self._pool.lanes[lane] for lane in ready]
             contiguous = all(a.stop == b.start for a, b in zip(lanes, lanes[1:]))
             ids = np.concatenate([np.arange(r.start, r.stop) for r in lanes])
             ids.flags.writeable = False  # so that send() can tell them by identity (see send)
             index = slice(lanes[0].start, lanes[-1].stop) if contiguous else ids
-            batch = self._batches[key] = (ids, index, contiguous)
+            batch = self._batches[key] = (ids, index, contiguous, list(ready))
         return batch
 
     def _lanes_of(self, ids: np.ndarray) -> list[int]:
         """The idle lanes that ``ids`` covers exactly, or a ValueError saying what is expected."""
-        lanes = self._pool.lanes
-        expected = self._last_ids
-        hint = ("the env_ids returned by the last recv()" if expected is not None
+        lanes, states = self._pool.lanes, self._lane_states
+        hint = ("the env_ids returned by the last recv()" if self._last is not None
                 else "env ids of whole idle workers' blocks")
         if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
             raise ValueError(f"env_ids must be a 1-d integer array of {hint}; got {ids!r:.120}")
-        starts = {lane.start: w for w, lane in enumerate(lanes)}
+        starts = {envs.start: lane for lane, envs in enumerate(lanes)}
         out: list[int] = []
         pos = 0
         while pos < ids.size:
-            w = starts.get(int(ids[pos]), -1)
-            lane = lanes[w] if w >= 0 else None
-            if lane is None or not np.array_equal(ids[pos:pos + len(lane)], np.arange(lane.start, lane.stop)):
+            lane = starts.get(int(ids[pos]), -1)
+            envs = lanes[lane] if lane >= 0 else None
+            if envs is None or not np.array_equal(ids[pos:pos + len(envs)], np.arange(envs.start, envs.stop)):
                 raise ValueError(f"env_ids must be {hint} (whole blocks of workers' envs); got {ids!r:.120}")
-            if w in out:
+            if lane in out:
                 raise ValueError(f"env_ids repeats a block: {ids!r:.120}")
-            if not self._idle[w]:
-                raise ValueError(f"envs {lane.start}..{lane.stop - 1} are already stepping: send() takes "
+            if states[lane] is not LaneState.IDLE:
+                raise ValueError(f"envs {envs.start}..{envs.stop - 1} are already stepping: send() takes "
                                  f"{hint}")
-            out.append(w)
-            pos += len(lane)
+            out.append(lane)
+            pos += len(envs)
         return out
 
     def _submit(self, cmd: int, lanes: list[int], payloads: list | None) -> None:
         self._held = None
-        try:
+        with self._closing:
             self._pool.submit(cmd, lanes, payloads)
-        except BaseException:
-            self.close()
-            raise
-        for w in lanes:
-            self._in_flight[w] = True
-            self._idle[w] = False
-        self._last_ids = None
+        self._last = None
         self._current_obs = self._obs_views  # where a later rollout() starts from
 
     def _drain(self) -> None:
         """Wait for every command in flight and drop its results (before a synchronous round)."""
-        if True not in self._in_flight:  # the usual case, on the step path: no list built
+        if _IN_FLIGHT not in self._lane_states:  # the usual case, on the step path: no list built
             return
-        flying = [w for w, f in enumerate(self._in_flight) if f]
-        pool = self._pool
-        try:
-            failures = pool.wait(flying, len(flying), pool.timeout)
-            _, failed = pool.collect([w for w in flying if w not in failures], pool.timeout)
-            failures.update(failed)
-            pool.raise_first({w: e for w, e in failures.items() if not isinstance(e, WorkerError)})
-        except BaseException:
-            self.close()
-            raise
-        for w in flying:
-            self._in_flight[w] = False
-            self._idle[w] = True
+        with self._closing:
+            _, _, failures = self._pool.receive(len(self._lane_states))
+            self._pool.raise_first({lane: e for lane, e in failures.items() if not isinstance(e, WorkerError)})
 
     # -- rollouts written in place --------------------------------------------------------
     def rollout(self, policy: Callable[[Any], Any], num_steps: int) -> dict[str, Any]:
@@ -573,13 +529,10 @@ class ShmVecEnv(VectorEnv):
         self._drain()  # sends not received: finish them before row 0 is taken
         storage = self._storage
         if storage is None or storage.num_steps != num_steps:
-            try:
-                views = self._pool.attach_rollout(num_steps)
-            except BaseException:
-                self.close()
-                raise
+            with self._closing:
+                segment = self._pool.attach_rollout(num_steps)
             storage = self._storage = RolloutStorage(
-                self._pool.rollout[0], views, self.single_observation_space, self.single_action_space,
+                segment.layout, segment.views, self.single_observation_space, self.single_action_space,
                 next_step=self.autoreset_mode is AutoresetMode.NEXT_STEP)
         storage.start(self._current_obs, self._autoreset)
         act_space, check_finite = self.single_action_space, self.check_finite
@@ -593,7 +546,7 @@ class ShmVecEnv(VectorEnv):
                 self._write_actions(actions, views=out.act)
                 storage.record_extras(t, extras)
                 self._restarted = None
-                replies = self._run(P.ROLLOUT_STEP, arg=t, out=out)
+                replies = self._run(Command.ROLLOUT_STEP, arg=t, out=out)
                 done = t + 1
                 if self._restarted:
                     restarted.append((t, self._restarted))
@@ -649,8 +602,7 @@ class ShmVecEnv(VectorEnv):
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the worker processes (empty once closed)."""
-        pool = self._pool
-        return [] if pool.closed else [p.pid for p in pool.procs if p is not None]
+        return self._pool.worker_pids
 
     # -- episode statistics ---------------------------------------------------------------
     @property
@@ -677,42 +629,46 @@ class ShmVecEnv(VectorEnv):
             raise ClosedError("this ShmVecEnv is closed; create a new one")
         self._drain()  # sends not received (a sync round after send/async_reset)
         self._held = None
-        try:
+        with self._closing:
             replies, failures = self._pool.run(cmd, payloads, arg=arg)
-            if not failures:
-                return replies
-            if cmd in (P.STEP, P.ROLLOUT_STEP) and self.on_error == "restart":
-                self._restart(failures, self._home if out is None else out)
-                return replies
+        if failures:
+            self._settle(failures, cmd == Command.STEP or cmd == Command.ROLLOUT_STEP,
+                         self._home if out is None else out, closes_on_error)
+        return replies
+
+    def _settle(self, failures: dict[int, Exception], restartable: bool, out: Targets,
+                closes_on_error: bool = True) -> None:
+        """Apply ``on_error`` to the lanes that failed: restart them (a step's results go to
+        ``out``) when ``restartable`` and asked to, else raise the first failure. Raising closes
+        the env, unless ``closes_on_error`` is False and only envs raised (call, set_attr)."""
+        if restartable and self.on_error == "restart":
+            with self._closing:
+                self._restart(failures, out)
+            return
+        if closes_on_error or any(not isinstance(exc, WorkerError) for exc in failures.values()):
+            with self._closing:  # a lost worker, or a step or reset half done: the envs' state is unknown
+                self._pool.raise_first(failures)
+        else:
             self._pool.raise_first(failures)
-        except WorkerError:
-            if closes_on_error or self._pool.broken:
-                self.close()
-            raise
-        except BaseException:
-            # A dead or stuck worker, or an interrupt mid-command: the envs' state is unknown.
-            self.close()
-            raise
-        raise AssertionError("unreachable")
 
     def _restart(self, failures: dict[int, Exception], out: Targets) -> None:
         """Give the failed lanes new envs, reset them, and mark them in this step's results ``out``."""
         pool, lanes = self._pool, sorted(failures)
-        for w in lanes:
-            pool.restart_lane(w)
-        payloads = [(None, None, None) if w in failures else None for w in range(len(pool.lanes))]
-        _, again = pool.run(P.RESET, payloads, lanes=lanes)
+        for lane in lanes:
+            pool.restart_lane(lane)
+        payloads = [(None, None, None) if lane in failures else None for lane in range(len(pool.lanes))]
+        _, again = pool.run(Command.RESET, payloads, lane_ids=lanes)
         pool.raise_first(again)
-        for w in lanes:
-            sl = slice(pool.lanes[w].start, pool.lanes[w].stop)
+        for lane in lanes:
+            sl = slice(pool.lanes[lane].start, pool.lanes[lane].stop)
             if out is not self._home:  # the reset wrote the regular regions
                 for dst, src in zip(out.obs, self._obs_views):
                     dst[sl] = src[sl]
             out.rewards[sl] = 0.0
             out.terminations[sl] = False
             out.truncations[sl] = True
-            self.restarts.append((w, pool.lanes[w], failures[w]))
-        self._restarted = [i for w in lanes for i in pool.lanes[w]]
+            self.restarts.append((lane, pool.lanes[lane], failures[lane]))
+        self._restarted = [i for lane in lanes for i in pool.lanes[lane]]
 
     def _check_finite(self, rewards: bool, index: slice | np.ndarray = slice(None), out: Targets | None = None) -> None:
         out = self._home if out is None else out
@@ -801,6 +757,30 @@ class ShmVecEnv(VectorEnv):
         index = Ellipsis if batch is None else batch[1]
         for view, a in zip(self._act_views if views is None else views, checked):
             view[index] = a
+
+
+_IN_FLIGHT = LaneState.IN_FLIGHT
+
+
+class _ClosingOnError:
+    """``with env._closing:`` closes the env if the code inside raises (and lets the error through).
+
+    One object per env, made once: entering it allocates nothing on the step path.
+    """
+
+    __slots__ = ("_env",)
+
+    def __init__(self, env: weakref.ref) -> None:
+        self._env = env
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is not None:
+            env = self._env()
+            if env is not None:
+                env.close()
 
 
 def _int_item(view: np.ndarray, i: int) -> int:

@@ -1,8 +1,8 @@
-"""Stepping a contiguous block of envs into shared arrays, and the worker process around it.
+"""Stepping the envs of a lane into shared arrays, and the worker process around it.
 
-:class:`EnvBlock` holds envs ``[start, stop)`` and runs one command on all of them, reading
+:class:`Lane` holds envs ``[start, stop)`` and runs one command on all of them, reading
 actions from and writing results to the shared views. The same class serves a worker process
-(:func:`worker_main`) and the block the main process steps itself, so both behave identically.
+(:func:`worker_main`) and the lane the main process steps itself, so both behave identically.
 
 Only the standard library is imported at module level: a spawned worker sets the thread-count
 variables of BLAS/OpenMP before numpy is first imported.
@@ -13,7 +13,17 @@ from __future__ import annotations
 import gc
 import os
 import signal
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from shmvec.protocol import ARG, CMD, DONE, GO, PAYLOAD, STATUS, SLEEPING, Attach, Command, ConstructError, \
+    Mismatch, Ready, Spaces, Status, error_report, phase
+
+# Plain ints for the per-step paths: comparing with one costs less than with an enum member.
+_STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP = (
+    int(Command.STEP), int(Command.RESET), int(Command.CALL), int(Command.SET_ATTR), int(Command.CLOSE),
+    int(Command.ROLLOUT_ATTACH), int(Command.ROLLOUT_STEP))
+_OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
@@ -23,7 +33,7 @@ class EnvObsError(ValueError):
 
 
 class Targets:
-    """Where one step of a block reads its actions and writes its results (views of its slice)."""
+    """Where one step of a lane reads its actions and writes its results (views of its slice)."""
 
     __slots__ = ("obs", "final_obs", "act", "rewards", "terminations", "truncations")
 
@@ -33,17 +43,16 @@ class Targets:
         self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
 
 
-class EnvBlock:
-    """The envs ``[start, start + len(envs))`` of a vector env, stepping into shared views."""
+class Lane:
+    """The envs ``[start, start + len(envs))`` of a lane, stepping into shared views."""
 
-    def __init__(self, envs: list, start: int, worker_index: int, layout, views: dict, autoreset_mode: str,
+    def __init__(self, envs: list, start: int, layout, views: dict, autoreset_mode: str,
                  observation_space, action_space) -> None:
         import numpy as np
 
         self.envs = envs
         self.start = start
         self.stop = start + len(envs)
-        self.worker_index = worker_index
         self.mode = autoreset_mode  # "NextStep" | "SameStep" | "Disabled"
         self.observation_space = observation_space
         self.action_space = action_space
@@ -54,14 +63,14 @@ class EnvBlock:
         self.flat_obs = len(self.obs_leaves) == 1 and not leaf0.path and not leaf0.pickled
         # How each observation leaf is written, chosen once: a pickled one is one object per env.
         self._writers = [self._write_object if leaf.pickled else self._write_leaf for leaf in self.obs_leaves]
-        # Small observations are gathered and written once per block: one numpy call instead
+        # Small observations are gathered and written once per lane: one numpy call instead
         # of a check and an item assignment per env (half the cost up to ~4 KB per env; past
         # that the extra copy costs more than the calls it saves).
         self.gather_obs = self.flat_obs and int(np.prod(leaf0.shape)) * leaf0.dtype.itemsize <= 4096
         self.flat_act = len(layout.act_leaves) == 1 and not layout.act_leaves[0].path
         self.act_scalar = [leaf.shape == () for leaf in layout.act_leaves]
         sl = slice(self.start, self.stop)
-        # This block's slice of each pickled region, by name: what a worker receives with a
+        # This lane's slice of each pickled region, by name: what a worker receives with a
         # step's command (actions) and sends back with its reply (observations).
         self.pickled = {name: views[name][sl] for name in layout.pickled("obs/", "final_obs/", "act/")}
         self.autoreset = views["autoreset"][sl]
@@ -77,12 +86,9 @@ class EnvBlock:
         self.run_return = [0.0] * len(envs)
         self.run_length = [0] * len(envs)
         self._np = np
-        from shmvec import protocol
-
-        self._protocol = protocol  # imported here, not per command: run() is on the hot path
 
     def _targets(self, layout, views: dict, row: int | None) -> Targets:
-        """Views of this block's slice: the regular regions (``row=None``) or rollout row ``row``,
+        """Views of this lane's slice: the regular regions (``row=None``) or rollout row ``row``,
         whose step writes its observation into row ``row + 1``."""
         sl = slice(self.start, self.stop)
         if row is None:
@@ -107,7 +113,7 @@ class EnvBlock:
         if self.flat_obs:
             self._write_leaf(targets[0], 0, j, obs)
             return
-        from shmvec.layout import flatten
+        from shmvec.tree import flatten
 
         try:
             parts = flatten(self.observation_space, obs)
@@ -167,19 +173,19 @@ class EnvBlock:
         if self.flat_act:
             a = act[0][j]
             return a if self.act_scalar[0] else a.copy()
-        from shmvec.layout import assemble
+        from shmvec.tree import assemble
 
         parts = [a[j] if scalar else a[j].copy() for a, scalar in zip(act, self.act_scalar)]
         return assemble(self.action_space, parts)
 
     # -- pickled leaves, for a worker process ------------------------------------------------
     def load_actions(self, payload: dict[str, Any]) -> None:
-        """Take this block's pickled action leaves (``{region name: [n] object array}``)."""
+        """Take this lane's pickled action leaves (``{region name: [n] object array}``)."""
         for name, values in payload.items():
             self.pickled[name][...] = values
 
     def pickled_results(self, step: bool) -> dict[str, Any]:
-        """This block's pickled observation leaves, ``{region name: [n] object array}``, to send
+        """This lane's pickled observation leaves, ``{region name: [n] object array}``, to send
         with the reply of a step (``step``) or reset; after a step, its final observations too.
 
         The final ones are cleared once taken: only the envs that end an episode in a step
@@ -205,7 +211,7 @@ class EnvBlock:
         next_step = self.mode == "NextStep"
         same_step = self.mode == "SameStep"
         # The common case (one Box/Discrete leaf each way) runs inline: per-env Python
-        # overhead is what separates a block from a bare loop over the same envs.
+        # overhead is what separates a lane from a bare loop over the same envs.
         out = self.home if out is None else out
         fast = self.flat_obs and self.flat_act
         gather = fast and self.gather_obs
@@ -274,7 +280,7 @@ class EnvBlock:
     def _count_episodes(self, ended: list | None, resets: list | None) -> None:
         """Publish finished episodes and update the autoreset flags after a step.
 
-        ``ended``: block-local envs whose episode ended; ``resets``: those whose step was a
+        ``ended``: lane-local envs whose episode ended; ``resets``: those whose step was a
         NEXT_STEP reset.
         """
         if resets:
@@ -293,7 +299,7 @@ class EnvBlock:
                     self.autoreset[j] = True
 
     def reset(self, payload: tuple | None) -> list | None:
-        """Reset envs; payload is ``(seeds, options, mask)`` for this block or ``None``."""
+        """Reset envs; payload is ``(seeds, options, mask)`` for this lane or ``None``."""
         seeds, options, mask = payload if payload is not None else (None, None, None)
         reports = None
         for j, env in enumerate(self.envs):
@@ -346,30 +352,49 @@ class EnvBlock:
 
     def run(self, cmd: int, payload: Any, arg: int = 0) -> Any:
         """Execute one protocol command; return the reply (``None`` when there is none)."""
-        P = self._protocol
-        if cmd == P.STEP:
-            if payload is not None:  # pickled action leaves (a worker process's block only)
+        if cmd == _STEP:
+            if payload is not None:  # pickled action leaves (a worker process's lane only)
                 self.load_actions(payload)
             return self.step()
-        if cmd == P.ROLLOUT_STEP:
+        if cmd == _ROLLOUT_STEP:
             return self.step(self.rows[arg])
-        if cmd == P.RESET:
+        if cmd == _RESET:
             return self.reset(payload)
-        if cmd == P.CALL:
+        if cmd == _CALL:
             return self.call(payload)
-        if cmd == P.SET_ATTR:
+        if cmd == _SET_ATTR:
             return self.set_attr(payload)
-        if cmd == P.CLOSE:
+        if cmd == _CLOSE:
             return self.close()
-        if cmd == P.ROLLOUT_ATTACH:
+        if cmd == _ROLLOUT_ATTACH:
             return self.attach_rollout(payload)
         raise ValueError(f"unknown command {cmd}")
 
 
-PHASES = {1: "step", 2: "reset", 3: "call", 4: "set_attr", 5: "close", 6: "rollout attach", 7: "rollout step"}
+def build_envs(env_fns: Sequence[Callable[[], Any]], start: int, lane: int) -> list | ConstructError | Mismatch:
+    """Build the envs of ``lane``, env ``start`` first, and check that they share their spaces.
+
+    Returns the envs, or what went wrong as the handshake message that says it (the envs
+    built so far are closed then).
+    """
+    envs = []
+    for j, fn in enumerate(env_fns):
+        try:
+            envs.append(fn())
+        except BaseException as exc:
+            for env in envs:
+                env.close()
+            return ConstructError(error_report(exc, lane, start + j, "construct"))
+    env0 = envs[0]
+    for j, env in enumerate(envs[1:], 1):
+        if env.observation_space != env0.observation_space or env.action_space != env0.action_space:
+            for other in envs:
+                other.close()
+            return Mismatch(start + j, (env.observation_space, env.action_space))
+    return envs
 
 
-def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
+def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
     """Entry point of a worker process: build the envs, attach, serve commands until CLOSE.
 
     ``conn`` carries the handshake and the rare pickled payloads and replies; ``wake_r`` and
@@ -388,33 +413,20 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
 
     import cloudpickle
 
-    from shmvec import protocol as P
-
-    block = None
+    lane_envs = None
     try:
-        env_fns = cloudpickle.loads(env_fns_blob)
-        envs = []
-        for j, fn in enumerate(env_fns):
-            try:
-                envs.append(fn())
-            except BaseException as exc:
-                conn.send(("error", P.error_report(exc, index, start + j, "construct")))
-                for env in envs:
-                    env.close()
-                return
+        envs = build_envs(cloudpickle.loads(env_fns_blob), start, lane)
+        if not isinstance(envs, list):
+            conn.send(envs)
+            return
         env0 = envs[0]
-        for j, env in enumerate(envs[1:], 1):
-            if env.observation_space != env0.observation_space or env.action_space != env0.action_space:
-                conn.send(("mismatch", start + j, (env.observation_space, env.action_space)))
-                return
-        conn.send(("spaces", env0.observation_space, env0.action_space, dict(env0.metadata),
-                   getattr(env0, "render_mode", None), getattr(env0, "spec", None)))
+        conn.send(Spaces.of(env0))
         msg = conn.recv()
-        if msg[0] != "attach":
+        if not isinstance(msg, Attach):
             for env in envs:
                 env.close()
             return
-        _, layout, autoreset_mode, spin = msg
+        layout, autoreset_mode, spin = msg
         from multiprocessing.reduction import recv_handle
 
         from shmvec.layout import control_lines
@@ -422,44 +434,45 @@ def worker_main(index: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
 
         mm = map_fd(recv_handle(conn), layout.size)
         views = layout.views(mm)
-        block = EnvBlock(envs, start, index, layout, views, autoreset_mode, env0.observation_space,
+        lane_envs = Lane(envs, start, layout, views, autoreset_mode, env0.observation_space,
                          env0.action_space)
-        conn.send(("ready",))
+        conn.send(Ready())
         parent = mp.parent_process()
-        _serve(block, control_lines(views), index, conn, wake_r.fileno(), done_w.fileno(), spin,
+        _serve(lane_envs, control_lines(views), lane, conn, wake_r.fileno(), done_w.fileno(), spin,
                parent.sentinel if parent is not None else None, bool(layout.pickled("obs/")))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the main process went away: nothing to report to
     finally:
-        if block is not None:
-            del block
+        if lane_envs is not None:
+            del lane_envs
         conn.close()
 
 
-def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: int, spin: dict,
+def _serve(envs: Lane, lines: list, lane: int, conn, wake_r: int, done_w: int, policy,
            parent_sentinel: int | None, pickled_obs: bool) -> None:
-    """Serve commands until CLOSE. ``pickled_obs``: the observation space has pickled leaves,
-    which every STEP and RESET reply carries (see ``protocol``)."""
+    """Serve commands until CLOSE, waiting for each with ``policy`` (a ``sync.SpinPolicy``).
+
+    ``pickled_obs``: the observation space has pickled leaves, which every STEP and RESET
+    reply carries (see ``protocol``).
+    """
+    import time
     from multiprocessing.reduction import ForkingPickler, recv_handle
 
-    from shmvec import protocol as P
     from shmvec.segment import map_fd
-    from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
+    from shmvec.sync import block_until, fence, ring, spin_until
 
-    mine, main_line = lines[index], lines[-1]
-    policy = SpinPolicy(spin["max"], spin["min"], spin["oversubscribed"])
+    mine, main_line = lines[lane], lines[-1]
     watch = [parent_sentinel] if parent_sentinel is not None else []
     ppid = os.getppid()
-    seq = int(mine[P.DONE])
-    import time
-
+    seq = int(mine[DONE])
     clock = time.perf_counter
-    while True:
-        # A new command is any change of GO: main may skip a worker's lane in a round (a
-        # restart addresses only the restarted lanes), so sequence numbers can jump.
-        def arrived() -> bool:
-            return mine[P.GO] != seq
 
+    # A new command is any change of GO: main may skip a lane in a round (a restart addresses
+    # only the restarted lanes), so sequence numbers can jump.
+    def arrived() -> bool:
+        return mine[GO] != seq
+
+    while True:
         t0 = clock()
         if not spin_until(arrived, policy):
             while True:
@@ -470,32 +483,32 @@ def _serve(block: EnvBlock, lines: list, index: int, conn, wake_r: int, done_w: 
                     return  # the main process died: exit quietly
         policy.update(clock() - t0)
         fence()
-        seq = int(mine[P.GO])
-        cmd = int(mine[P.CMD])
-        arg = int(mine[P.ARG])
-        payload = conn.recv() if mine[P.PAYLOAD] else None
+        seq = int(mine[GO])
+        cmd = int(mine[CMD])
+        arg = int(mine[ARG])
+        payload = conn.recv() if mine[PAYLOAD] else None
         try:
-            if cmd == P.ROLLOUT_ATTACH:  # the segment's descriptor follows the payload
+            if cmd == _ROLLOUT_ATTACH:  # the segment's descriptor follows the payload
                 payload = (payload, map_fd(recv_handle(conn), payload.size))
-            reply = block.run(cmd, payload, arg)
-            if pickled_obs and (cmd == P.STEP or cmd == P.RESET):
-                reply = (reply, block.pickled_results(cmd == P.STEP))
-            status = P.OK
+            reply = envs.run(cmd, payload, arg)
+            if pickled_obs and (cmd == _STEP or cmd == _RESET):
+                reply = (reply, envs.pickled_results(cmd == _STEP))
+            status = _OK
             if reply is not None:
                 # Pickled here, not in send: a result that cannot be pickled (an env's
                 # observation or info) is reported as this command's error, not a dead worker.
                 reply = ForkingPickler.dumps(reply)
-                status = P.REPLY
+                status = _REPLY
         except BaseException as exc:
-            reply = ForkingPickler.dumps(P.error_report(exc, index, block.current, PHASES.get(cmd, str(cmd))))
-            status = P.ERROR
-        mine[P.STATUS] = status
+            reply = ForkingPickler.dumps(error_report(exc, lane, envs.current, phase(cmd)))
+            status = _ERROR
+        mine[STATUS] = status
         fence()
-        mine[P.DONE] = seq
+        mine[DONE] = seq
         fence()
-        if main_line[P.SLEEPING]:
+        if main_line[SLEEPING]:
             ring(done_w)
-        if status != P.OK:
+        if status != _OK:
             conn.send_bytes(reply)
-        if cmd == P.CLOSE:
+        if cmd == _CLOSE:
             return

@@ -251,7 +251,7 @@ def test_garbage_collection_closes():
     import gc
 
     envs = shmvec.make("CartPole-v1", num_envs=2, num_workers=2)
-    procs = list(envs._pool.procs)
+    procs = list(envs._pool.workers.procs)
     del envs
     gc.collect()
     for p in procs:
@@ -267,7 +267,7 @@ def test_every_env_is_closed_once_in_its_own_process(tmp_path, how, step_in_main
     fns = [partial(ClosingEnv, str(tmp_path), i) for i in range(5)]
     envs = shmvec.ShmVecEnv(fns, num_workers=2, step_in_main=step_in_main)
     blocks = [range(lane.start, lane.stop) for lane in envs._pool.lanes]
-    hosts = [p.pid for p in envs._pool.procs]
+    hosts = list(envs.worker_pids)
     hosts += [os.getpid()] * (len(blocks) - len(hosts))  # the main process's block comes last
     envs.reset(seed=0)
     if how == "close":

@@ -110,7 +110,7 @@ import shmvec
 from envs_for_tests import SlowEnv
 envs = shmvec.ShmVecEnv([lambda: SlowEnv(2000.0)] * 4, num_workers=3)
 envs.reset(seed=0)
-print("PIDS", *[p.pid for p in envs._pool.procs], flush=True)
+print("PIDS", *envs.worker_pids, flush=True)
 while True:
     envs.step(np.zeros(4, dtype=np.int64))
 """

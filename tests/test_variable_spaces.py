@@ -14,7 +14,7 @@ from gymnasium.vector.utils import batch_space, concatenate, create_empty_array,
 from test_equivalence import assert_same
 
 import shmvec
-from shmvec import protocol as P
+from shmvec.protocol import PAYLOAD, STATUS, Status
 
 KINDS = ["Text", "Graph", "Sequence", "StackedSequence", "OneOf", "Mixed"]
 MODES = [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED]
@@ -179,14 +179,14 @@ def test_fixed_spaces_send_nothing_per_step_and_variable_ones_one_reply_per_work
         envs.step(np.zeros(4, dtype=np.int64))
         pool = envs._pool
         assert pool._pickled_act == [] and not pool._pickled_obs
-        assert [pool.lines[w][P.STATUS] for w in range(2)] == [P.OK, P.OK]
-        assert [pool.lines[w][P.PAYLOAD] for w in range(2)] == [0, 0]
+        assert [pool.lines[w][STATUS] for w in range(2)] == [Status.OK, Status.OK]
+        assert [pool.lines[w][PAYLOAD] for w in range(2)] == [0, 0]
     with shmvec.ShmVecEnv(env_fns("Text", 4), num_workers=2, step_in_main=False) as envs:
         envs.reset(seed=0)
         envs.step(("a", "b", "c", "d"))
         pool = envs._pool
-        assert [pool.lines[w][P.STATUS] for w in range(2)] == [P.REPLY, P.REPLY]
-        assert [pool.lines[w][P.PAYLOAD] for w in range(2)] == [1, 1]
+        assert [pool.lines[w][STATUS] for w in range(2)] == [Status.REPLY, Status.REPLY]
+        assert [pool.lines[w][PAYLOAD] for w in range(2)] == [1, 1]
 
 
 def test_rollout_is_refused_naming_the_field_and_fixed_spaces_keep_it():

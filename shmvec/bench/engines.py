@@ -163,7 +163,7 @@ class _StepLoopStepper:
     def __init__(self, env: Any, workers: int, actions: list[Any]) -> None:
         import numpy as np
 
-        from shmvec.layout import flatten, space_leaves
+        from shmvec.tree import flatten, space_leaves
 
         self.env, self.workers, self.steps_per_call = env, workers, ROLLOUT_STEPS
         self.policy = _CyclingPolicy(actions)
