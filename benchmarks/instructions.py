@@ -72,9 +72,10 @@ def child(engine_key: str, workload_key: str, num_envs: int, calls: int, workers
     print("steps_per_call", getattr(stepper, "steps_per_call", 1))
 
 
-def count(engine: str, workload: str, num_envs: int, calls: int, workers: int) -> tuple[int, int]:
-    """Instructions of one child run under callgrind, and the engine's vector steps per call.
-    Forked workers stay under callgrind: with ``workers`` their counts are added in."""
+def count(engine: str, workload: str, num_envs: int, calls: int, workers: int) -> tuple[int, int, int]:
+    """Instructions of one child run under callgrind, the engine's vector steps per call, and how
+    many processes reported. Forked workers stay under callgrind: with ``workers`` their counts
+    are added in."""
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, __file__,
            "--child", engine, workload, str(num_envs), str(calls), str(workers)]
     out = subprocess.run(cmd, capture_output=True, text=True)
@@ -82,15 +83,23 @@ def count(engine: str, workload: str, num_envs: int, calls: int, workers: int) -
     if out.returncode != 0 or not found or (not workers and len(found) != 1):
         raise RuntimeError(f"{engine} {workload} N={num_envs}: callgrind run failed "
                            f"(exit {out.returncode}):\n{out.stderr[-2000:]}")
-    return sum(int(c) for c in found), int(out.stdout.split("steps_per_call")[-1])
+    return sum(int(c) for c in found), int(out.stdout.split("steps_per_call")[-1]), len(found)
 
 
 def per_env_step(engine: str, workload: str, num_envs: int, env_steps: int, workers: int = 0) -> float:
-    """Instructions per env step: the difference of two runs, ``A`` and ``B`` calls."""
-    small, spc = count(engine, workload, num_envs, 1, workers)
-    extra = max(1, round(env_steps / (num_envs * spc)))
-    large, _ = count(engine, workload, num_envs, 1 + extra, workers)
-    return (large - small) / (extra * spc * num_envs)
+    """Instructions per env step: the difference of two runs, ``A`` and ``B`` calls.
+
+    Both runs must report the same processes: a worker stopped before callgrind wrote its count
+    (a slow exit under a loaded machine) would make the difference meaningless, so the pair is
+    measured again."""
+    for _ in range(3):
+        small, spc, procs = count(engine, workload, num_envs, 1, workers)
+        extra = max(1, round(env_steps / (num_envs * spc)))
+        large, _, procs_large = count(engine, workload, num_envs, 1 + extra, workers)
+        if procs == procs_large:
+            return (large - small) / (extra * spc * num_envs)
+    raise RuntimeError(f"{engine} {workload} N={num_envs}: the two runs reported {procs} and {procs_large} "
+                       "processes three times: a worker's count keeps going missing")
 
 
 def main(argv: list[str] | None = None) -> dict[tuple[str, str, int], float]:
