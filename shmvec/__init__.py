@@ -27,6 +27,7 @@ _LAZY = {
     "WorkerError": "shmvec.errors",
     "WorkerDied": "shmvec.errors",
     "StepTimeout": "shmvec.errors",
+    "PayloadError": "shmvec.errors",
     "ClosedError": "shmvec.errors",
     "NonFiniteError": "shmvec.errors",
     "ActorDied": "shmvec.errors",

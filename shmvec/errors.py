@@ -88,6 +88,11 @@ class NonFiniteError(ShmVecError, ValueError):
         return (type(self), (self.args[0], self.env_index), self.__dict__)
 
 
+class PayloadError(ShmVecError, TypeError):
+    """A command's arguments (``call``, ``set_attr``, ``reset`` options) cannot be pickled for the
+    workers. Raised before any worker hears of the command: the vector env stays usable."""
+
+
 class StepTimeout(ShmVecError, TimeoutError):
     """A command did not finish within the vector env's ``timeout``; the stuck workers are stopped."""
 

@@ -22,7 +22,7 @@ import numpy as np
 from shmvec import protocol as P
 from shmvec.blocks import split
 from shmvec.checks import usable_cores
-from shmvec.errors import ClosedError, StepTimeout, WorkerDied, WorkerError
+from shmvec.errors import ClosedError, PayloadError, StepTimeout, WorkerDied, WorkerError
 from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.processes import WorkerProcesses, raise_construct_failure
 from shmvec.protocol import DONE, Command, Status
@@ -32,6 +32,28 @@ from shmvec.worker import Lane, build_envs
 
 # Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
 SENTINEL_CHECK_S = 0.02
+
+
+def _pickle_payloads(payloads: list, lane_ids: list[int]) -> dict[int, bytes]:
+    """The worker lanes' payloads, pickled before any worker is told that one is coming: a payload
+    that cannot be pickled then fails with every worker still idle, instead of leaving them
+    waiting for it. A payload shared by several lanes (a ``call``'s arguments) is pickled once."""
+    from multiprocessing.reduction import ForkingPickler
+
+    blobs: dict[int, bytes] = {}
+    done: dict[int, bytes] = {}
+    for lane in lane_ids:
+        payload = payloads[lane]
+        if payload is not None:
+            blob = done.get(id(payload))
+            if blob is None:
+                try:
+                    blob = done[id(payload)] = bytes(ForkingPickler.dumps(payload))
+                except Exception as exc:
+                    raise PayloadError(f"the arguments for worker {lane} cannot be pickled: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+            blobs[lane] = blob
+    return blobs
 
 
 class LaneState(Enum):
@@ -217,7 +239,14 @@ class WorkerPool:
                     env.close()
                 except Exception:
                     pass
-            self.main = self._main(self._build_main_envs())
+            envs = self._build_main_envs()
+            try:
+                self._check_spaces(self.lanes[lane].start, P.Spaces.of(envs[0]), self.spaces)
+            except ValueError:
+                for env in envs:
+                    env.close()
+                raise
+            self.main = self._main(envs)
             return
         self.workers.stop(lane)
         # The new worker starts from the current sequence number, with nothing pending.
@@ -279,6 +308,7 @@ class WorkerPool:
             main = None
         if self._pickled_act and cmd == Command.STEP:
             payloads = self._action_payloads(lane_ids)
+        blobs = None if payloads is None else _pickle_payloads(payloads, lane_ids)
         seq = self.seq = self.seq + 1
         lines, target, commands, states = self.lines, self._target, self.commands, self.states
         submitted, now = self._submitted, time.perf_counter()
@@ -300,10 +330,10 @@ class WorkerPool:
         for lane in lane_ids:
             if lines[lane][P.SLEEPING]:
                 ring(wake_fds[lane])
-        if payloads is not None:
+        if blobs is not None:
             for lane in lane_ids:
-                if payloads[lane] is not None:
-                    self.workers.send(lane, payloads[lane], fd)
+                if lane in blobs:
+                    self.workers.send(lane, blobs[lane], fd)
         if main is not None:
             # Deferred to wait(): the main process steps its lane while it would otherwise
             # wait for the workers, and only then, so it keeps handing out their batches first.

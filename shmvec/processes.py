@@ -116,7 +116,7 @@ class WorkerProcesses:
             raise RuntimeError(f"worker {lane} answered {msg!r} to attach")
 
     # -- messages --------------------------------------------------------------------------------
-    def send(self, lane: int, payload: Any, fd: int | None = None) -> None:
+    def send(self, lane: int, payload: bytes, fd: int | None = None) -> None:
         """Send a command's pickled payload (and a descriptor after it) to worker ``lane``.
 
         A worker that died since its last command (the OOM killer strikes any time) is passed
@@ -125,7 +125,7 @@ class WorkerProcesses:
         ready and its DONE never comes).
         """
         try:
-            self.conns[lane].send(payload)
+            self.conns[lane].send_bytes(payload)  # the worker's conn.recv() unpickles it
             if fd is not None:
                 from multiprocessing.reduction import send_handle
 

@@ -89,7 +89,7 @@ class _PinnedPages:
                 merged.append([start, stop])
         cudart = torch.cuda.cudart()
         for start, stop in merged:
-            err = cudart.cudaHostRegister(start, stop - start, 0)
+            err = cudart.cudaHostRegister(start, stop - start, 1)  # portable: pinned for every device
             code = int(getattr(err, "value", err))
             if code != 0:
                 warnings.warn(f"shmvec.torch: cudaHostRegister refused {stop - start} bytes of shared memory "

@@ -14,7 +14,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec.actions import ActionBatch
-from shmvec.errors import ClosedError, NonFiniteError, WorkerError
+from shmvec.errors import ClosedError, NonFiniteError, PayloadError, WorkerError
 from shmvec.infos import add_info
 from shmvec.tree import assemble, pickled_fields
 from shmvec.blocks import set_attr_payloads
@@ -262,8 +262,8 @@ class ShmVecEnv(VectorEnv):
                  None if mask is None else mask[lane.start:lane.stop])
                 for lane in self._pool.lanes
             ]
-        self._drain()
-        replies = self._run(Command.RESET, payloads)
+        self._restarted = None  # a restart reported by the last step is not this reset's
+        replies = self._run(Command.RESET, payloads)  # (which drains sends not received)
         self._needs_reset = False
         self._current_obs = self._obs_views
         if self.check_finite:
@@ -289,7 +289,7 @@ class ShmVecEnv(VectorEnv):
         self._write_actions(actions)
         self._restarted = None
         self._current_obs = self._obs_views
-        replies = self._run(Command.STEP)
+        replies = self._run(Command.STEP, drained=True)
         infos = self._merge_infos(replies, same_step=self.autoreset_mode is AutoresetMode.SAME_STEP)
         if self.check_finite:
             self._check_finite(rewards=True)
@@ -622,12 +622,13 @@ class ShmVecEnv(VectorEnv):
 
     # -- internals ------------------------------------------------------------------------
     def _run(self, cmd: int, payloads: list | None = None, closes_on_error: bool = True, arg: int = 0,
-             out: Targets | None = None) -> list:
+             out: Targets | None = None, drained: bool = False) -> list:
         """One command round; apply ``on_error`` to the lanes that failed (a step's results go to
-        ``out``, by default the regular regions)."""
+        ``out``, by default the regular regions). ``drained``: the caller has just drained."""
         if self.closed:
             raise ClosedError("this ShmVecEnv is closed; create a new one")
-        self._drain()  # sends not received (a sync round after send/async_reset)
+        if not drained:
+            self._drain()  # sends not received (a sync round after send/async_reset)
         self._held = None
         with self._closing:
             replies, failures = self._pool.run(cmd, payloads, arg=arg)
@@ -777,7 +778,7 @@ class _ClosingOnError:
         return None
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
-        if exc_type is not None:
+        if exc_type is not None and not issubclass(exc_type, PayloadError):  # nothing was sent
             env = self._env()
             if env is not None:
                 env.close()

@@ -415,7 +415,12 @@ def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w
 
     lane_envs = None
     try:
-        envs = build_envs(cloudpickle.loads(env_fns_blob), start, lane)
+        try:
+            env_fns = cloudpickle.loads(env_fns_blob)
+        except BaseException as exc:  # a factory that cannot be rebuilt here (a module missing under spawn)
+            conn.send(ConstructError(error_report(exc, lane, start, "construct")))
+            return
+        envs = build_envs(env_fns, start, lane)
         if not isinstance(envs, list):
             conn.send(envs)
             return

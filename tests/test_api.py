@@ -372,3 +372,47 @@ def test_forked_workers_never_finalize_what_they_inherited(tmp_path):
     finalized = {int(line) for line in path.read_text().split()} if path.exists() else set()
     assert finalized == {os.getpid()}  # the parent's copy, once; no worker's
     assert not finalized & pids
+
+
+def test_unpicklable_call_arguments_fail_at_once_and_leave_the_env_usable():
+    envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2)
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(shmvec.PayloadError, match="cannot be pickled"):
+            envs.call("get_wrapper_attr", lambda: 1)  # a lambda: pickle refuses it
+        assert not envs.closed
+        assert envs.get_attr("spec")[0].id == "CartPole-v1"
+        envs.step(np.zeros(4, dtype=np.int64))
+    finally:
+        envs.close()
+
+
+class _Unrebuildable:
+    """A factory that pickles but cannot be rebuilt in a worker (as a module missing there)."""
+
+    def __call__(self):
+        return gym.make("CartPole-v1")
+
+    def __getstate__(self):
+        return {"parent": os.getpid()}
+
+    def __setstate__(self, state):
+        if os.getpid() != state["parent"]:
+            raise ImportError("no module named 'gone' in the worker")
+
+
+def test_a_factory_that_cannot_be_rebuilt_in_the_worker_names_its_error():
+    with pytest.raises(shmvec.WorkerError, match="no module named 'gone'") as info:
+        shmvec.ShmVecEnv([_Unrebuildable()] * 2, num_workers=2)
+    assert info.value.phase == "construct" and info.value.exc_type == "ImportError"
+
+
+def test_adapters_pass_an_already_batched_tuple_through():
+    from shmvec._adapters import batched_actions
+
+    space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Discrete(3)))
+    batch = (np.array([0, 1]), np.array([2, 0]))  # as many subspaces as envs: a batch, not two samples
+    got = batched_actions(space, batch, 2)
+    assert [a.tolist() for a in got] == [[0, 1], [2, 0]]
+    per_env = batched_actions(space, [(0, 2), (1, 0)], 2)  # one sample per env, as SB3 indexes them
+    assert [a.tolist() for a in per_env] == [[0, 1], [2, 0]]

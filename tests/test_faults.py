@@ -547,3 +547,18 @@ def test_worker_killed_while_idle_is_restarted_by_the_next_step():
     assert infos["_restarted"].tolist() == [True, True, False, False]
     assert re.search(r"worker 0 \(envs 0\.\.1\) was killed by SIGKILL", str(envs.restarts[0][2]))
     envs.close()
+
+
+def test_reset_after_a_restart_reports_no_restart():
+    envs = shmvec.ShmVecEnv(faulty(4, "raise", 1), num_workers=2, on_error="restart")
+    try:
+        envs.reset(seed=0)
+        restarted = False
+        for _ in range(5):
+            *_, infos = envs.step(np.zeros(4, dtype=np.int64))
+            restarted = restarted or "restarted" in infos
+        assert restarted
+        _, infos = envs.reset(seed=1)
+        assert "restarted" not in infos
+    finally:
+        envs.close()
