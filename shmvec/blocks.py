@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["set_attr_payloads", "split"]
+__all__ = ["reset_payloads", "set_attr_payloads", "split"]
 
 
 def split(num_envs: int, num_blocks: int) -> list[range]:
@@ -27,3 +27,12 @@ def set_attr_payloads(name: str, values: Any, blocks: list[range]) -> list[tuple
     if len(values) != num_envs:
         raise ValueError(f"set_attr({name!r}) got {len(values)} values, expected one per env ({num_envs})")
     return [(name, list(values[b.start:b.stop])) for b in blocks]
+
+
+def reset_payloads(seeds: list | None, options: dict | None, mask: Any, blocks: list[range]) -> list | None:
+    """A reset's ``(seeds, options, reset_mask)`` per block (each sliced to the block's envs), or
+    ``None`` when there is nothing to pass (a plain ``reset()``)."""
+    if seeds is None and options is None and mask is None:
+        return None
+    return [(None if seeds is None else seeds[b.start:b.stop], options,
+             None if mask is None else mask[b.start:b.stop]) for b in blocks]

@@ -17,7 +17,7 @@ from shmvec.actions import ActionBatch
 from shmvec.errors import ClosedError, NonFiniteError, PayloadError, WorkerError
 from shmvec.infos import add_info
 from shmvec.tree import assemble, pickled_fields
-from shmvec.blocks import set_attr_payloads
+from shmvec.blocks import reset_payloads, set_attr_payloads
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
 from shmvec.pool import LaneState, WorkerPool
 from shmvec.protocol import Command
@@ -255,13 +255,7 @@ class ShmVecEnv(VectorEnv):
             if not mask.any():
                 raise ValueError("`options['reset_mask']` must contain a boolean array with at least one True "
                                  f"value, got reset_mask={mask}")
-        payloads = None
-        if seeds is not None or options is not None or mask is not None:
-            payloads = [
-                (None if seeds is None else seeds[lane.start:lane.stop], options,
-                 None if mask is None else mask[lane.start:lane.stop])
-                for lane in self._pool.lanes
-            ]
+        payloads = reset_payloads(seeds, options, mask, self._pool.lanes)
         self._restarted = None  # a restart reported by the last step is not this reset's
         replies = self._run(Command.RESET, payloads)  # (which drains sends not received)
         self._needs_reset = False
@@ -342,10 +336,7 @@ class ShmVecEnv(VectorEnv):
             raise ClosedError("this ShmVecEnv is closed; create a new one")
         seeds = seeds_per_env(seed, self.num_envs)
         self._drain()
-        payloads = None
-        if seeds is not None or options is not None:
-            payloads = [(None if seeds is None else seeds[lane.start:lane.stop], options, None)
-                        for lane in self._pool.lanes]
+        payloads = reset_payloads(seeds, options, None, self._pool.lanes)
         self._submit(Command.RESET, list(range(len(self._pool.lanes))), payloads)
         self._needs_reset = False
 
