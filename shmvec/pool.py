@@ -147,6 +147,7 @@ class WorkerPool:
         self.commands: list[int] = [0] * num_lanes
         self._submitted = [0.0] * num_lanes
         self._all_seq: int | None = None  # set while every worker lane's target is this one number
+        self._all_done: Callable[[], bool] = lambda: False  # see _set_up
         # Asynchronous rounds: the main lane's command submitted but not run yet, and once
         # wait() ran it, its (reply, failure) until collect takes it.
         self._main_pending: tuple[int, Any, int] | None = None  # (cmd, payload, arg)
@@ -188,6 +189,16 @@ class WorkerPool:
         self._pickled_obs = bool(self.layout.pickled("obs/"))
         self.lines = control_lines(self.views)
         self.main_line = self.lines[len(self.lanes)]
+        worker_lines = self.lines[:len(self.worker_lanes)]
+
+        def all_done() -> bool:  # every worker lane reached _all_seq (what a sync round waits for)
+            seq = self._all_seq
+            for line in worker_lines:
+                if line[DONE] != seq:
+                    return False
+            return True
+
+        self._all_done = all_done
         for lane in self.worker_lanes:
             self._attach(lane)
         for lane in self.worker_lanes:
@@ -427,24 +438,8 @@ class WorkerPool:
             return n >= count
 
         # The spin polls a cheaper test in the common case: every worker, one sequence number.
-        quick = ready
-        seq = self._all_seq
-        num_workers = len(self.worker_lanes)
-        if count >= len(lane_ids) == num_workers and seq is not None:
-            if num_workers == 1:
-                line0 = lines[0]
-
-                def quick() -> bool:
-                    return line0[DONE] == seq
-            else:
-                worker_lines = lines[:num_workers]
-
-                def quick() -> bool:
-                    for line in worker_lines:
-                        if line[DONE] != seq:
-                            return False
-                    return True
-
+        quick = self._all_done if count >= len(lane_ids) == len(self.worker_lanes) and self._all_seq is not None \
+            else ready
         policy = self._wait_policy
         t0 = time.perf_counter()
         if spin_until(quick, policy):
@@ -508,7 +503,7 @@ class WorkerPool:
         """
         replies: dict[int, Any] = {}
         failures: dict[int, Exception] = {}
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = -1.0  # computed at the first reply to read: most rounds have none
         lines, commands, num_workers = self.lines, self.commands, len(self.worker_lanes)
         for lane in lane_ids:
             if lane >= num_workers:  # the main lane: what wait kept
@@ -523,6 +518,8 @@ class WorkerPool:
             status = lines[lane][P.STATUS]
             if status == Status.OK:
                 continue
+            if deadline == -1.0:
+                deadline = None if timeout is None else time.monotonic() + timeout
             try:
                 msg = self.workers.recv(lane, deadline, P.phase(commands[lane]))
             except (WorkerDied, StepTimeout) as exc:

@@ -35,12 +35,15 @@ class EnvObsError(ValueError):
 class Targets:
     """Where one step of a lane reads its actions and writes its results (views of its slice)."""
 
-    __slots__ = ("obs", "final_obs", "act", "rewards", "terminations", "truncations")
+    __slots__ = ("obs", "final_obs", "act", "rewards", "terminations", "truncations", "raw")
 
     def __init__(self, obs: list, final_obs: list, act: list, rewards: Any, terminations: Any,
                  truncations: Any) -> None:
         self.obs, self.final_obs, self.act = obs, final_obs, act
         self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
+        # Byte views of the three, for struct's pack_into: one C call writes a lane's
+        # per-env values, where numpy would first discover the list's dtype and shape.
+        self.raw = tuple(memoryview(v).cast("B") for v in (rewards, terminations, truncations))
 
 
 class Lane:
@@ -81,10 +84,14 @@ class Lane:
         # Envs whose next step is a reset, mirrored into the shared ``autoreset`` region (which
         # main reads under DISABLED) but read from this list on the hot path.
         self.pending_reset = [False] * len(envs)
-        # The running episode's return and length stay in this process (plain lists are
-        # cheaper per env than numpy); only finished episodes are published.
-        self.run_return = [0.0] * len(envs)
-        self.run_length = [0] * len(envs)
+        # The running episode's return and length stay in this process, updated once per
+        # step for the whole lane; only finished episodes are published.
+        self.run_return = np.zeros(len(envs), dtype=np.float64)
+        self.run_length = np.zeros(len(envs), dtype=np.int64)
+        import struct
+
+        self._pack_rewards = struct.Struct(f"{len(envs)}d").pack_into
+        self._pack_flags = struct.Struct(f"{len(envs)}?").pack_into
         self._np = np
 
     def _targets(self, layout, views: dict, row: int | None) -> Targets:
@@ -207,7 +214,6 @@ class Lane:
         have something to report (``None`` if none), where ``final_info`` is the step info of an
         episode that ended under same-step autoreset (``None`` when not that case)."""
         envs, autoreset = self.envs, self.pending_reset
-        run_return, run_length = self.run_return, self.run_length
         next_step = self.mode == "NextStep"
         same_step = self.mode == "SameStep"
         # The common case (one Box/Discrete leaf each way) runs inline: per-env Python
@@ -243,8 +249,6 @@ class Lane:
                         a = self._action(out.act, j)
                     o, r, te, tr, info = env.step(a)
                     rews[j] = r
-                    run_return[j] += float(r)
-                    run_length[j] += 1
                     if te or tr:
                         terms[j] = te
                         truncs[j] = tr
@@ -268,23 +272,47 @@ class Lane:
             if gather and not self._write_gathered(obs0, gathered):
                 for j in range(n):  # one by one, so that the error names the env
                     self._write_obs(out.obs, j, gathered[j])
+            raw = out.raw
+            try:
+                self._pack_rewards(raw[0], 0, *rews)
+                self._pack_flags(raw[1], 0, *terms)
+                self._pack_flags(raw[2], 0, *truncs)
+            except Exception:  # not a float or a truth value: find the env, name it
+                self._write_outcomes(out, rews, terms, truncs)
         except BaseException:
             self.current = self.start + j  # for the error report; free on the hot path
             raise
-        out.rewards[:] = rews
-        out.terminations[:] = terms
-        out.truncations[:] = truncs
-        self._count_episodes(ended, resets)
+        self._count_episodes(out.rewards, ended, resets)
         return reports
 
-    def _count_episodes(self, ended: list | None, resets: list | None) -> None:
-        """Publish finished episodes and update the autoreset flags after a step.
+    def _write_outcomes(self, out: Targets, rews: list, terms: list, truncs: list) -> None:
+        """Write rewards and flags env by env; raise naming the first env whose value is not a
+        scalar (a float reward, a truth value for each flag)."""
+        np = self._np
+        for j in range(len(rews)):
+            for name, values, target in (("reward", rews, out.rewards), ("terminated", terms, out.terminations),
+                                         ("truncated", truncs, out.truncations)):
+                value = values[j]
+                try:
+                    if value is None or np.ndim(value) != 0:  # numpy would take None for NaN
+                        raise ValueError("not a scalar")
+                    target[j] = value
+                except (ValueError, TypeError) as exc:
+                    raise EnvObsError(f"env {self.start + j} returned {name} {value!r:.80}: expected a "
+                                      f"{'float' if name == 'reward' else 'bool'} scalar ({exc})") from None
+
+    def _count_episodes(self, rewards: Any, ended: list | None, resets: list | None) -> None:
+        """Add a step's ``rewards`` to the running episodes, publish the finished ones, and
+        update the autoreset flags.
 
         ``ended``: lane-local envs whose episode ended; ``resets``: those whose step was a
-        NEXT_STEP reset.
+        NEXT_STEP reset (their reward is 0 and their length does not grow).
         """
+        self.run_return += rewards
+        self.run_length += 1
         if resets:
             for j in resets:
+                self.run_length[j] -= 1
                 self.pending_reset[j] = False
                 self.autoreset[j] = False
         if ended:

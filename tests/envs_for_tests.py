@@ -103,7 +103,7 @@ class FaultyEnv(gym.Env):
     to itself), ``segfault`` (a real one: a NULL read in native code), ``hang``, ``memory`` (an
     unbounded allocation loop that ends in ``MemoryError``), ``oom_kill`` (the kernel OOM
     killer's way: memory grows, then SIGKILL), and the bad outputs ``shape``, ``dtype``,
-    ``nan_obs``, ``inf_reward``. ``construct`` and ``reset`` fail there.
+    ``nan_obs``, ``inf_reward``, ``array_reward``, ``none_reward``, ``array_flag``. ``construct`` and ``reset`` fail there.
 
     The memory faults never threaten the machine: the env first caps its own process's address
     space (``RLIMIT_AS``) a little above what it uses, so ``memory`` fails after
@@ -167,6 +167,12 @@ class FaultyEnv(gym.Env):
                 obs[2] = np.nan
             if self.fault == "inf_reward":
                 return obs, float("inf"), False, False, {}
+            if self.fault == "array_reward":
+                return obs, np.ones(3), False, False, {}
+            if self.fault == "none_reward":
+                return obs, None, False, False, {}
+            if self.fault == "array_flag":
+                return obs, 1.0, np.array([True, False]), False, {}
         return obs, 1.0, False, False, {}
 
 

@@ -273,6 +273,20 @@ def test_wrong_observation_dtype_is_refused():
             envs.step(np.zeros(2, dtype=np.int64))
 
 
+@pytest.mark.parametrize("fault, match", [("array_reward", r"env 1 returned reward array\(\[1\., 1\., 1\.\]\): expected a float"),
+                                          ("none_reward", r"env 1 returned reward None: expected a float"),
+                                          ("array_flag", r"env 1 \(worker \d\) raised ValueError during step: The truth value of an array")])
+@pytest.mark.parametrize("step_in_main", [False, True])
+def test_a_reward_or_flag_that_is_not_a_scalar_names_its_env(fault, match, step_in_main):
+    """Rewards and flags are written once per lane; a value that is not a scalar names its env."""
+    envs = shmvec.ShmVecEnv(faulty(2, fault, 1, at=2), num_workers=1 + step_in_main, step_in_main=step_in_main)
+    envs.reset(seed=0)
+    envs.step(np.zeros(2, dtype=np.int64))
+    with pytest.raises(shmvec.WorkerError, match=match) as err:
+        envs.step(np.zeros(2, dtype=np.int64))
+    assert err.value.env_index == 1 and envs.closed
+
+
 @pytest.mark.parametrize("fault, match", [("nan_obs", r"env 2 returned a non-finite observation"),
                                           ("inf_reward", r"env 2 returned a non-finite reward")])
 def test_non_finite_values_are_caught_on_request(fault, match):
