@@ -271,3 +271,59 @@ def test_actions_as_gymnasium_takes_them():
         for x, y in zip(r, s):
             assert_same(x, y, "unchecked step")
     ref.close()
+
+
+class InfoTypesEnv(gym.Env):
+    """Infos of every scalar kind an env hands out (numpy float64/float32/int64/bool, Python
+    ones, nested), with types that differ between envs for some keys, and episodes that end."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = gym.spaces.Discrete(3)
+        self.t = 0
+
+    def _info(self):
+        t = self.t
+        first = self.np_random_seed % 2 == 0  # seeds differ per env: mixed types across envs
+        return {
+            "f64": np.float64(t / 3), "f32": np.float32(t / 3), "i64": np.int64(t - 2), "flag": np.bool_(t % 2),
+            "py": t / 7, "mixed": np.float64(t / 3) if first else t, "late": np.float64(t) if t > 2 else None,
+            "nested": {"x": np.float64(-t), "ok": np.bool_(t > 1)},
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), self._info()
+
+    def step(self, action):
+        self.t += 1
+        return np.full(2, self.t / 10, np.float32), 1.0, self.t >= 4 + int(action), False, self._info()
+
+
+@pytest.mark.parametrize("mode", [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP])
+@pytest.mark.parametrize("step_in_main", [False, True])
+def test_infos_keep_their_dtypes_after_travelling(mode, step_in_main):
+    """Workers send numpy float64/int64 info values as Python scalars (they pickle several
+    times faster); the merged infos keep SyncVectorEnv's dtypes and values exactly."""
+    run_both(InfoTypesEnv, 5, 30, mode, num_workers=2, step_in_main=step_in_main)
+    envs = shmvec.ShmVecEnv([InfoTypesEnv] * 3, num_workers=3)
+    try:
+        _, infos = envs.reset(seed=0)
+        assert infos["f64"].dtype == np.float64 and infos["f32"].dtype == np.float32
+        assert infos["i64"].dtype == np.int64 and infos["flag"].dtype == object  # Gymnasium's rule for np.bool_
+        assert infos["nested"]["x"].dtype == np.float64 and type(infos["nested"]["ok"][0]) is np.bool_
+    finally:
+        envs.close()
+
+
+def test_plain_scalars_leaves_the_envs_dict_alone():
+    from shmvec.worker import _PLAIN, plain_scalars
+
+    _PLAIN[np.float64] = float
+    info = {"a": np.float64(1.5), "b": {"c": np.float64(-2.0)}, "d": np.float32(2.0), "e": "text", "f": np.bool_(1)}
+    out = plain_scalars(info)
+    assert type(out["a"]) is float and type(out["b"]["c"]) is float and type(out["d"]) is np.float32
+    assert type(out["f"]) is np.bool_ and out["e"] == "text"
+    assert type(info["a"]) is np.float64 and type(info["b"]["c"]) is np.float64
+    assert plain_scalars({}) == {} and plain_scalars(None) is None
