@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from shmvec.protocol import REPLY_BYTES
 from shmvec.tree import PICKLED, Leaf, space_leaves
 
 ALIGN = 64  # a cache line: arrays written by different processes never share one
@@ -119,6 +120,7 @@ class Layout(Regions):
     - ``act/<i>``: one per action leaf
     - ``rewards`` float64, ``terminations`` / ``truncations`` / ``autoreset`` bool
     - ``last_return`` float64, ``last_length`` int64, ``episode_count`` int64: the last finished one
+    - ``replies``: ``[num_lanes, REPLY_BYTES]`` uint8, each lane's last pickled reply (when it fits)
 
     The ``obs``, ``final_obs`` and ``act`` regions of pickled leaves are ``[num_envs]`` object
     arrays outside the segment (see the module docstring).
@@ -152,6 +154,7 @@ class Layout(Regions):
         layout._add("last_return", (n,), np.float64)
         layout._add("last_length", (n,), np.int64)
         layout._add("episode_count", (n,), np.int64)
+        layout._add("replies", (num_lanes, REPLY_BYTES), np.uint8)
         return layout
 
 

@@ -11,6 +11,7 @@ The pool knows nothing of the Gymnasium API: it runs protocol commands and retur
 
 from __future__ import annotations
 
+import pickle
 import select
 import time
 from collections.abc import Callable, Sequence
@@ -129,6 +130,7 @@ class WorkerPool:
         self.layout: Layout | None = None
         self.views: dict[str, np.ndarray] = {}
         self.lines: list[memoryview] = []  # one int64 memoryview per control line: a third of a numpy scalar's cost
+        self.replies: list[memoryview] = []  # each lane's row of the replies region
         self.main_line: memoryview | None = None
         self.main: Lane | None = None  # the envs of the main lane, stepped by this process
         self._main_envs: list = []  # the main lane's envs while the set-up runs
@@ -189,6 +191,7 @@ class WorkerPool:
         self._pickled_obs = bool(self.layout.pickled("obs/"))
         self.lines = control_lines(self.views)
         self.main_line = self.lines[len(self.lanes)]
+        self.replies = [memoryview(row) for row in self.views["replies"]]
         worker_lines = self.lines[:len(self.worker_lanes)]
 
         def all_done() -> bool:  # every worker lane reached _all_seq (what a sync round waits for)
@@ -515,16 +518,21 @@ class WorkerPool:
                     elif reply is not None:
                         replies[lane] = reply
                 continue
-            status = lines[lane][P.STATUS]
+            line = lines[lane]
+            status = line[P.STATUS]
             if status == Status.OK:
                 continue
-            if deadline == -1.0:
-                deadline = None if timeout is None else time.monotonic() + timeout
-            try:
-                msg = self.workers.recv(lane, deadline, P.phase(commands[lane]))
-            except (WorkerDied, StepTimeout) as exc:
-                failures[lane] = exc
-                continue
+            size = line[P.REPLY_LEN]
+            if size >= 0:  # in shared memory: no syscall, no wait
+                msg = pickle.loads(self.replies[lane][:size])
+            else:
+                if deadline == -1.0:
+                    deadline = None if timeout is None else time.monotonic() + timeout
+                try:
+                    msg = self.workers.recv(lane, deadline, P.phase(commands[lane]))
+                except (WorkerDied, StepTimeout) as exc:
+                    failures[lane] = exc
+                    continue
             if status == Status.REPLY:
                 if self._pickled_obs and commands[lane] in (Command.STEP, Command.RESET):
                     msg = self._absorb(lane, msg)
@@ -621,4 +629,5 @@ class WorkerPool:
         # copy=False may outlive the env; they stay valid, the name is already unlinked).
         self.main = None
         self.views = {}
+        self.replies = []
         self._segment = None

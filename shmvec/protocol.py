@@ -12,7 +12,9 @@ command round is:
    payload if any, executes.
 3. the worker writes its results into the shared arrays, then ``STATUS``, then sets ``DONE``
    to the value of ``GO``; if main's ``SLEEPING`` word is set, it writes one byte to the
-   shared done pipe. When ``STATUS`` is not ``OK`` a pickled reply follows on its pipe.
+   shared done pipe. When ``STATUS`` is not ``OK`` there is a pickled reply: in the lane's row
+   of the ``replies`` region when it fits (``REPLY_LEN`` says how many bytes, written before
+   ``DONE``), else on its pipe after ``DONE`` (``REPLY_LEN`` = -1).
 
 Pickled leaves (parts of a space with no fixed size, see ``layout``) ride on the same path,
 and only for spaces that have them: a STEP then carries a payload, the worker's slice of each
@@ -37,6 +39,11 @@ DONE = 3  # sequence number of the last finished command, written by the worker
 STATUS = 4  # result of the last command, written by the worker
 SLEEPING = 5  # 1 while the owner of this line blocks in the kernel
 ARG = 6  # the command's argument (ROLLOUT_STEP: the row), written by main
+REPLY_LEN = 7  # bytes of the pickled reply in the lane's ``replies`` row, or -1: it follows on the pipe
+
+# A lane's row of the ``replies`` region: a pickled reply up to this size travels there, not on
+# the pipe (a step's infos, say); a larger one (a ``render`` frame) takes the pipe.
+REPLY_BYTES = 64 * 1024
 
 
 class Command(IntEnum):
@@ -63,8 +70,8 @@ class Status(IntEnum):
     """How a lane's last command ended (the ``STATUS`` word)."""
 
     OK = 0  # nothing follows
-    REPLY = 1  # a pickled reply follows on the pipe
-    ERROR = 2  # a pickled error report (see error_report) follows on the pipe
+    REPLY = 1  # a pickled reply (in the replies row, or on the pipe: see REPLY_LEN)
+    ERROR = 2  # a pickled error report (see error_report), the same way
 
 
 def phase(cmd: int) -> str:

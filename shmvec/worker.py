@@ -16,7 +16,7 @@ import signal
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shmvec.protocol import ARG, CMD, DONE, GO, PAYLOAD, STATUS, SLEEPING, Attach, Command, ConstructError, \
+from shmvec.protocol import ARG, CMD, DONE, GO, PAYLOAD, REPLY_LEN, STATUS, SLEEPING, Attach, Command, ConstructError, \
     Mismatch, Ready, Spaces, Status, error_report, phase
 
 # Plain ints for the per-step paths: comparing with one costs less than with an enum member.
@@ -497,7 +497,8 @@ def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w
                          env0.action_space)
         conn.send(Ready())
         parent = mp.parent_process()
-        _serve(lane_envs, control_lines(views), lane, conn, wake_r.fileno(), done_w.fileno(), spin,
+        _serve(lane_envs, control_lines(views), memoryview(views["replies"][lane]), lane, conn, wake_r.fileno(),
+               done_w.fileno(), spin,
                parent.sentinel if parent is not None else None, bool(layout.pickled("obs/")))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the main process went away: nothing to report to
@@ -507,7 +508,7 @@ def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w
         conn.close()
 
 
-def _serve(envs: Lane, lines: list, lane: int, conn, wake_r: int, done_w: int, policy,
+def _serve(envs: Lane, lines: list, replies: memoryview, lane: int, conn, wake_r: int, done_w: int, policy,
            parent_sentinel: int | None, pickled_obs: bool) -> None:
     """Serve commands until CLOSE, waiting for each with ``policy`` (a ``sync.SpinPolicy``).
 
@@ -568,13 +569,20 @@ def _serve(envs: Lane, lines: list, lane: int, conn, wake_r: int, done_w: int, p
         except BaseException as exc:
             reply = ForkingPickler.dumps(error_report(exc, lane, envs.current, phase(cmd)))
             status = _ERROR
+        piped = False
+        if status != _OK:
+            size = len(reply)
+            piped = size > len(replies)
+            if not piped:
+                replies[:size] = reply
+            mine[REPLY_LEN] = -1 if piped else size
         mine[STATUS] = status
         fence()
         mine[DONE] = seq
         fence()
         if main_line[SLEEPING]:
             ring(done_w)
-        if status != _OK:
+        if piped:
             conn.send_bytes(reply)
         if cmd == _CLOSE:
             return

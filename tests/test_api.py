@@ -416,3 +416,46 @@ def test_adapters_pass_an_already_batched_tuple_through():
     assert [a.tolist() for a in got] == [[0, 1], [2, 0]]
     per_env = batched_actions(space, [(0, 2), (1, 0)], 2)  # one sample per env, as SB3 indexes them
     assert [a.tolist() for a in per_env] == [[0, 1], [2, 0]]
+
+
+class _BigInfoEnv(gym.Env):
+    """Infos that are small on most steps and larger than a replies row on every third."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        size = 50_000 if self.t % 3 == 0 else 3  # 400 KB of float64: past the 64 KiB row
+        return np.zeros(2, np.float32), 1.0, False, False, {"blob": np.full(size, self.t, np.float64)}
+
+    def payload(self, nbytes):
+        return b"x" * nbytes
+
+
+def test_replies_travel_in_shared_memory_or_on_the_pipe_by_size():
+    """Replies up to a row of ``replies`` come through shared memory, larger ones on the pipe,
+    in any order, with nothing stale left behind."""
+    from gymnasium.vector import SyncVectorEnv
+
+    from shmvec.protocol import REPLY_BYTES, REPLY_LEN
+
+    ref = SyncVectorEnv([_BigInfoEnv] * 4)
+    with shmvec.ShmVecEnv([_BigInfoEnv] * 4, num_workers=2) as envs:
+        ref.reset(seed=0)
+        envs.reset(seed=0)
+        used = set()
+        for t in range(1, 8):
+            _, _, _, _, want = ref.step(np.zeros(4, dtype=np.int64))
+            _, _, _, _, got = envs.step(np.zeros(4, dtype=np.int64))
+            assert np.array_equal(got["blob"], want["blob"]) and got["blob"].dtype == want["blob"].dtype, t
+            used.add(envs._pool.lines[0][REPLY_LEN] < 0)
+        assert used == {True, False}  # both paths ran
+        for nbytes in (10, REPLY_BYTES - 100, REPLY_BYTES + 100, 3 * REPLY_BYTES, 10):
+            assert envs.call("payload", nbytes) == (b"x" * nbytes,) * 4
+    ref.close()
