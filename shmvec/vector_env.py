@@ -695,6 +695,7 @@ class ShmVecEnv(VectorEnv):
             ended = [int(ids[k]) for k in np.flatnonzero(terms[ids] | truncs[ids])] if same_step else []
         ended = [i for i in ended if i not in restarted]  # a restarted env has no final obs to give
         infos: dict[str, Any] = {}
+        columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the envs' flat keys, once seen
         if reports or ended or restarted:
             for i in sorted(reports.keys() | set(ended) | set(restarted)):
                 k = i if pos is None else pos[i]
@@ -704,7 +705,7 @@ class ShmVecEnv(VectorEnv):
                                          [item(v, i) for v, item in zip(out.final_obs, self._final_item)])
                     add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, k, size)
                 if info:
-                    add_info(infos, info, k, size)
+                    add_info(infos, info, k, size, columns)
                 if i in restarted:
                     add_info(infos, {"restarted": True}, k, size)
         return infos

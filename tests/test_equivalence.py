@@ -327,3 +327,31 @@ def test_plain_scalars_leaves_the_envs_dict_alone():
     assert type(out["f"]) is np.bool_ and out["e"] == "text"
     assert type(info["a"]) is np.float64 and type(info["b"]["c"]) is np.float64
     assert plain_scalars({}) == {} and plain_scalars(None) is None
+
+
+def test_add_info_with_columns_builds_what_gymnasium_builds():
+    """Merging many envs' infos through the ``columns`` cache gives Gymnasium's own result:
+    the first value of a key picks its dtype (later values are cast into it), nested dicts and
+    ``final_obs`` keep their own rules, envs without a key leave zeros and False."""
+    from gymnasium.vector.vector_env import VectorEnv
+
+    from shmvec.infos import add_info
+
+    envs = [
+        {"a": 1, "b": np.float32(0.5), "s": "x", "n": {"r": 1.5}},
+        {"a": 2.7, "b": 3.25, "v": np.arange(3.0), "n": {"r": 2, "l": 4}},
+        {},
+        {"a": True, "s": None, "v": np.ones(3), "final_obs": np.zeros(2)},
+        {"b": np.float64(1e40), "a": -4, "n": {"l": np.int64(7)}},
+    ]
+    ref = VectorEnv()
+    ref.num_envs = len(envs)
+    want: dict = {}
+    got: dict = {}
+    columns: dict = {}
+    with np.errstate(over="ignore"):  # 1e40 into float32: inf on both sides, on purpose
+        for i, info in enumerate(envs):
+            want = ref._add_info(want, info, i)
+            add_info(got, info, i, len(envs), columns)
+    assert_same(want, got, "infos")
+    assert set(columns) == {"a", "b", "s", "v"}  # flat keys only
