@@ -431,6 +431,14 @@ class WorkerPool:
                       failures: dict[int, Exception]) -> None:
         """Spin, then block, until ``count`` worker lanes of ``lane_ids`` have finished or
         failed (the failures go into ``failures``)."""
+        policy = self._wait_policy
+        t0 = time.perf_counter()
+        # The common case spins on a cheaper test built once: every worker, one sequence number.
+        every_worker = count >= len(lane_ids) == len(self.worker_lanes) and self._all_seq is not None
+        if every_worker and spin_until(self._all_done, policy):
+            policy.update(time.perf_counter() - t0)
+            fence()
+            return
         lines, target = self.lines, self._target
 
         def ready() -> bool:  # failed lanes count as finished
@@ -440,12 +448,7 @@ class WorkerPool:
                     n += 1
             return n >= count
 
-        # The spin polls a cheaper test in the common case: every worker, one sequence number.
-        quick = self._all_done if count >= len(lane_ids) == len(self.worker_lanes) and self._all_seq is not None \
-            else ready
-        policy = self._wait_policy
-        t0 = time.perf_counter()
-        if spin_until(quick, policy):
+        if not every_worker and spin_until(ready, policy):
             policy.update(time.perf_counter() - t0)
             fence()
             return

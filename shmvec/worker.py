@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -92,8 +93,6 @@ class Lane:
         # step for the whole lane; only finished episodes are published.
         self.run_return = np.zeros(len(envs), dtype=np.float64)
         self.run_length = np.zeros(len(envs), dtype=np.int64)
-        import struct
-
         self._pack_rewards = struct.Struct(f"{len(envs)}d").pack_into
         self._pack_flags = struct.Struct(f"{len(envs)}?").pack_into
         self._np = np
@@ -409,7 +408,7 @@ def plain_scalars(info: dict | None) -> dict | None:
 
     What a worker sends back with a step: a numpy scalar pickles through its dtype, several
     times the bytes and time of a Python one (MuJoCo's Ant reports nine per env and step:
-    its steps run 4 % faster for this). The infos a user gets are unchanged: Gymnasium's
+    its steps ran about 6 % faster for this). The infos a user gets are unchanged: Gymnasium's
     merge gives a float64 (int64) array either way, with the same values.
     """
     if not info:
