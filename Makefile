@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: test conformance bench bench-quick bench-docs bench-micro bench-ray bench-scaling bench-gpu bench-instructions venv clean
+.PHONY: test lint conformance bench bench-quick bench-docs bench-micro bench-ray bench-scaling bench-gpu bench-instructions venv clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,12 @@ $(BENCH_STAMP): $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# ruff (lint and format check) and mypy over the package, as configured in pyproject.toml.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check shmvec
+	$(VENV)/bin/ruff format --check shmvec
+	$(VENV)/bin/mypy
 
 # Gymnasium's tests/vector and SB3's test_vec_envs.py against shmvec (downloads their sources;
 # Gymnasium's sdist has no tests: GYMNASIUM_SRC=<checkout, git dir or .tar.gz> supplies them).

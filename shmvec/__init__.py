@@ -38,4 +38,4 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
-__getattr__, __dir__ = lazy_exports('shmvec', _LAZY, globals())
+__getattr__, __dir__ = lazy_exports("shmvec", _LAZY, globals())

@@ -166,13 +166,17 @@ def batched_actions(space: gym.Space, actions: Any, num_envs: int) -> Any:
     dicts); a ShmVecEnv takes a dict (tuple) of ``[num_envs, ...]`` arrays. Anything else
     (arrays for flat spaces, an already batched dict or tuple) is returned as it is.
     """
-    if not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)) or not isinstance(actions, (list, tuple)) \
-            or len(actions) != num_envs:
+    if (
+        not isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple))
+        or not isinstance(actions, (list, tuple))
+        or len(actions) != num_envs
+    ):
         return actions
     # A tuple is already a batch for a Tuple space (one array per subspace), however many
     # subspaces it has: only a list, or for a Dict space a tuple of dicts, is one sample per env.
-    if isinstance(actions, tuple) and not (isinstance(space, gym.spaces.Dict)
-                                           and all(isinstance(a, dict) for a in actions)):
+    if isinstance(actions, tuple) and not (
+        isinstance(space, gym.spaces.Dict) and all(isinstance(a, dict) for a in actions)
+    ):
         return actions
     from gymnasium.vector.utils import concatenate, create_empty_array
 

@@ -7,10 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(package: str, table: dict[str, str], namespace: dict[str, Any]
-                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+def lazy_exports(
+    package: str, table: dict[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: attribute ``name`` comes from module
-    ``table[name]``, imported the first time it is asked for and then cached in ``namespace``."""
+    ``table[name]``, imported the first time it is asked for and then cached in ``namespace``.
+    """
 
     def __getattr__(name: str) -> Any:
         module = table.get(name)

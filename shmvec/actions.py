@@ -16,7 +16,6 @@ from shmvec.tree import Leaf, flatten, space_leaves
 __all__ = ["ActionBatch", "action_checker"]
 
 
-
 def action_checker(leaf: Leaf) -> Callable[[np.ndarray, np.ndarray | None], None]:
     """A check ``check(a, ignored)`` that raises ``ValueError`` unless a batch ``a`` holds valid
     samples of ``leaf.space`` in every row that ``ignored`` (a bool mask of rows, or ``None``)
@@ -171,7 +170,8 @@ class ActionBatch:
 
     def _items(self, k: int, part: Any, shape: tuple[int, ...], ignored: np.ndarray | None) -> np.ndarray:
         """A pickled leaf's part of a batch (one sample per env, read as Gymnasium's ``iterate``
-        reads it: any sequence) as an ``[n]`` object array."""
+        reads it: any sequence) as an ``[n]`` object array.
+        """
         leaf, n = self.leaves[k], shape[0]
         try:
             # A string is a sequence too, of characters: Gymnasium would hand out one per env.
@@ -179,11 +179,15 @@ class ActionBatch:
         except TypeError:
             items = None
         if items is None:
-            raise TypeError(f"actions{leaf.field} must hold one sample per env ({n} envs, "
-                            f"single_action_space{leaf.field}={leaf.space}), got a {type(part).__name__}")
+            raise TypeError(
+                f"actions{leaf.field} must hold one sample per env ({n} envs, "
+                f"single_action_space{leaf.field}={leaf.space}), got a {type(part).__name__}"
+            )
         if len(items) != n:
-            raise ValueError(f"actions{leaf.field} hold {len(items)} samples, expected {n} "
-                             f"(one per env, single_action_space{leaf.field}={leaf.space})")
+            raise ValueError(
+                f"actions{leaf.field} hold {len(items)} samples, expected {n} "
+                f"(one per env, single_action_space{leaf.field}={leaf.space})"
+            )
         a = np.empty(n, dtype=object)
         for i, item in enumerate(items):
             a[i] = item  # item assignment keeps each object as it is (a slice would unpack sequences)

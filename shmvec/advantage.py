@@ -297,9 +297,7 @@ def _output(o: Any, name: str, v: np.ndarray) -> np.ndarray:
     if type(o) is not np.ndarray:
         raise ValueError(f"{name}: expected a numpy.ndarray, got {type(o).__name__}")
     if o.shape != v.shape or o.dtype != v.dtype:
-        raise ValueError(
-            f"{name}: expected shape {v.shape} dtype {v.dtype} (like values), got {_describe(o)}"
-        )
+        raise ValueError(f"{name}: expected shape {v.shape} dtype {v.dtype} (like values), got {_describe(o)}")
     if not o.flags.writeable:
         raise ValueError(f"{name}: expected a writeable array, got a read-only one")
     return o
@@ -511,9 +509,7 @@ def gae(
         try:
             adv, ret = out
         except (TypeError, ValueError):
-            raise ValueError(
-                f"out: expected a pair (advantages, returns), got {type(out).__name__}"
-            ) from None
+            raise ValueError(f"out: expected a pair (advantages, returns), got {type(out).__name__}") from None
         adv = _output(adv, "out[0] (advantages)", v)
         ret = _output(ret, "out[1] (returns)", v)
         mode |= _CHECK_OUT
@@ -590,4 +586,3 @@ def discounted_returns(
     # adv is a stand-in of the right type, never written in this mode
     _compute(r, v, te, tr, lv, fv, vd, ret, ret, gamma, lam, mode, parallel)
     return ret
-

@@ -20,19 +20,23 @@ def split(num_envs: int, num_blocks: int) -> list[range]:
 
 def set_attr_payloads(name: str, values: Any, blocks: list[range]) -> list[tuple[str, list]]:
     """``set_attr(name, values)`` as one ``(name, values of the block)`` per block: ``values``
-    is one value for every env, or a list/tuple of one per env."""
+    is one value for every env, or a list/tuple of one per env.
+    """
     num_envs = blocks[-1].stop
     if not isinstance(values, (list, tuple)):
         values = [values] * num_envs
     if len(values) != num_envs:
         raise ValueError(f"set_attr({name!r}) got {len(values)} values, expected one per env ({num_envs})")
-    return [(name, list(values[b.start:b.stop])) for b in blocks]
+    return [(name, list(values[b.start : b.stop])) for b in blocks]
 
 
 def reset_payloads(seeds: list | None, options: dict | None, mask: Any, blocks: list[range]) -> list | None:
     """A reset's ``(seeds, options, reset_mask)`` per block (each sliced to the block's envs), or
-    ``None`` when there is nothing to pass (a plain ``reset()``)."""
+    ``None`` when there is nothing to pass (a plain ``reset()``).
+    """
     if seeds is None and options is None and mask is None:
         return None
-    return [(None if seeds is None else seeds[b.start:b.stop], options,
-             None if mask is None else mask[b.start:b.stop]) for b in blocks]
+    return [
+        (None if seeds is None else seeds[b.start : b.stop], options, None if mask is None else mask[b.start : b.stop])
+        for b in blocks
+    ]

@@ -95,8 +95,9 @@ def seeds_per_env(seed: int | Sequence[int | None] | None, num_envs: int) -> lis
     return seeds
 
 
-def parse_autoreset_mode(value: Any, name: str = "autoreset_mode",
-                   allowed: tuple[AutoresetMode, ...] = tuple(AutoresetMode)) -> AutoresetMode:
+def parse_autoreset_mode(
+    value: Any, name: str = "autoreset_mode", allowed: tuple[AutoresetMode, ...] = tuple(AutoresetMode)
+) -> AutoresetMode:
     """The :class:`~gymnasium.vector.AutoresetMode` that ``value`` names.
 
     Parameters

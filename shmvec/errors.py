@@ -32,7 +32,11 @@ class WorkerError(ShmVecError):
         self.exc_type: str = report["exc_type"]
         self.remote_message: str = report["message"]
         self.remote_traceback: str = report["traceback"]
-        where = f"env {self.env_index} (worker {self.worker_index})" if self.env_index is not None else f"worker {self.worker_index}"
+        where = (
+            f"env {self.env_index} (worker {self.worker_index})"
+            if self.env_index is not None
+            else f"worker {self.worker_index}"
+        )
         super().__init__(
             f"{where} raised {self.exc_type} during {self.phase}: {self.remote_message}\n\n"
             f"Remote traceback:\n{self.remote_traceback}"
@@ -90,7 +94,8 @@ class NonFiniteError(ShmVecError, ValueError):
 
 class PayloadError(ShmVecError, TypeError):
     """A command's arguments (``call``, ``set_attr``, ``reset`` options) cannot be pickled for the
-    workers. Raised before any worker hears of the command: the vector env stays usable."""
+    workers. Raised before any worker hears of the command: the vector env stays usable.
+    """
 
 
 class StepTimeout(ShmVecError, TimeoutError):
@@ -115,8 +120,10 @@ class ActorDied(ShmVecError):
 
     def __init__(self, actor_index: int, envs: range, node_ip: str, node_id: str, cause: str) -> None:
         self.actor_index, self.envs, self.node_ip, self.node_id, self.cause = actor_index, envs, node_ip, node_id, cause
-        super().__init__(f"Ray actor {actor_index} (envs {envs.start}..{envs.stop - 1}) on node {node_ip} "
-                         f"(id {node_id[:12]}) died: {cause}")
+        super().__init__(
+            f"Ray actor {actor_index} (envs {envs.start}..{envs.stop - 1}) on node {node_ip} "
+            f"(id {node_id[:12]}) died: {cause}"
+        )
 
     def __reduce__(self) -> tuple:
         return type(self), (self.actor_index, self.envs, self.node_ip, self.node_id, self.cause)

@@ -16,8 +16,13 @@ from typing import Any
 import numpy as np
 
 
-def add_info(infos: dict[str, Any], info: dict[str, Any], index: int, size: int,
-             columns: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> dict[str, Any]:
+def add_info(
+    infos: dict[str, Any],
+    info: dict[str, Any],
+    index: int,
+    size: int,
+    columns: dict[str, tuple[np.ndarray, np.ndarray]] | None = None,
+) -> dict[str, Any]:
     """Merge one env's ``info`` into the batch ``infos`` at position ``index`` (of ``size``).
 
     ``columns``: when merging many envs into the same ``infos``, pass one dict for all of them;
@@ -81,7 +86,7 @@ def concat_infos(parts: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any
         start = 0
         for value, size in zip(values, sizes):
             if value is not None:
-                array[start:start + size] = value
+                array[start : start + size] = value
             start += size
         out[key] = array
     return out

@@ -50,7 +50,8 @@ class Region:
 class Regions:
     """Named, 64-byte aligned arrays packed one after the other into one segment, for
     ``num_envs`` envs whose observations and actions are made of ``obs_leaves`` and
-    ``act_leaves`` (plus their final observations where ``with_final_obs``)."""
+    ``act_leaves`` (plus their final observations where ``with_final_obs``).
+    """
 
     num_envs: int
     obs_leaves: list[Leaf]
@@ -70,7 +71,8 @@ class Regions:
 
     def _add_leaves(self, obs_rows: tuple[int, ...], rows: tuple[int, ...]) -> None:
         """The ``obs/<i>`` regions (``[*obs_rows, *leaf shape]``), then ``final_obs/<i>`` if
-        any and ``act/<i>`` (``[*rows, *leaf shape]``)."""
+        any and ``act/<i>`` (``[*rows, *leaf shape]``).
+        """
         for i, leaf in enumerate(self.obs_leaves):
             self._add(f"obs/{i}", (*obs_rows, *leaf.shape), leaf.dtype)
         if self.with_final_obs:
@@ -81,16 +83,19 @@ class Regions:
 
     def views(self, buf: Any) -> dict[str, np.ndarray]:
         """Numpy views of every region over ``buf`` (a writable buffer of ``self.size`` bytes);
-        for a pickled region, a new array of ``None`` private to the calling process."""
+        for a pickled region, a new array of ``None`` private to the calling process.
+        """
         return {
-            r.name: np.full(r.shape, None, dtype=PICKLED) if r.offset < 0
+            r.name: np.full(r.shape, None, dtype=PICKLED)
+            if r.offset < 0
             else np.ndarray(r.shape, dtype=r.dtype, buffer=buf, offset=r.offset)
             for r in self.regions.values()
         }
 
     def pickled(self, *prefixes: str) -> list[str]:
         """The names of the pickled regions whose names start with one of ``prefixes``
-        (``'obs/'``, ``'final_obs/'``, ``'act/'``)."""
+        (``'obs/'``, ``'final_obs/'``, ``'act/'``).
+        """
         return [r.name for r in self.regions.values() if r.offset < 0 and r.name.startswith(prefixes)]
 
     def leaf_views(self, views: dict[str, np.ndarray], prefix: str) -> list[np.ndarray]:
@@ -179,8 +184,13 @@ class RolloutLayout(Regions):
     @classmethod
     def build(cls, layout: Layout, num_steps: int) -> RolloutLayout:
         """The rollout storage for ``num_steps`` steps of the vector env laid out by ``layout``."""
-        out = cls(num_envs=layout.num_envs, num_steps=num_steps, obs_leaves=layout.obs_leaves,
-                  act_leaves=layout.act_leaves, with_final_obs=layout.with_final_obs)
+        out = cls(
+            num_envs=layout.num_envs,
+            num_steps=num_steps,
+            obs_leaves=layout.obs_leaves,
+            act_leaves=layout.act_leaves,
+            with_final_obs=layout.with_final_obs,
+        )
         t, n = num_steps, layout.num_envs
         out._add_leaves((t + 1, n), (t, n))
         out._add("rewards", (t, n), np.float64)

@@ -38,7 +38,8 @@ SENTINEL_CHECK_S = 0.02
 def _pickle_payloads(payloads: list, lane_ids: list[int]) -> dict[int, bytes]:
     """The worker lanes' payloads, pickled before any worker is told that one is coming: a payload
     that cannot be pickled then fails with every worker still idle, instead of leaving them
-    waiting for it. A payload shared by several lanes (a ``call``'s arguments) is pickled once."""
+    waiting for it. A payload shared by several lanes (a ``call``'s arguments) is pickled once.
+    """
     from multiprocessing.reduction import ForkingPickler
 
     blobs: dict[int, bytes] = {}
@@ -51,8 +52,9 @@ def _pickle_payloads(payloads: list, lane_ids: list[int]) -> dict[int, bytes]:
                 try:
                     blob = done[id(payload)] = bytes(ForkingPickler.dumps(payload))
                 except Exception as exc:
-                    raise PayloadError(f"the arguments for worker {lane} cannot be pickled: "
-                                       f"{type(exc).__name__}: {exc}") from exc
+                    raise PayloadError(
+                        f"the arguments for worker {lane} cannot be pickled: {type(exc).__name__}: {exc}"
+                    ) from exc
             blobs[lane] = blob
     return blobs
 
@@ -170,7 +172,8 @@ class WorkerPool:
     # -- set-up ----------------------------------------------------------------------------
     def _set_up(self) -> None:
         """The handshake (see ``docs/architecture.md``): spaces from every lane, the segment,
-        then every worker attached to it."""
+        then every worker attached to it.
+        """
         deadline = self._deadline()
         found = []  # (first env, Spaces) of each lane
         if self.main_lane is not None:
@@ -183,8 +186,13 @@ class WorkerPool:
             self._check_spaces(start, other, spaces)
         self.spaces = spaces
 
-        self.layout = Layout.build(spaces.observation_space, spaces.action_space, self.num_envs, len(self.lanes),
-                                   with_final_obs=self.autoreset_mode == "SameStep")
+        self.layout = Layout.build(
+            spaces.observation_space,
+            spaces.action_space,
+            self.num_envs,
+            len(self.lanes),
+            with_final_obs=self.autoreset_mode == "SameStep",
+        )
         self._segment = Segment(self.layout)
         self.views = self._segment.views
         self._pickled_act = self.layout.pickled("act/")
@@ -192,7 +200,7 @@ class WorkerPool:
         self.lines = control_lines(self.views)
         self.main_line = self.lines[len(self.lanes)]
         self.replies = [memoryview(row) for row in self.views["replies"]]
-        worker_lines = self.lines[:len(self.worker_lanes)]
+        worker_lines = self.lines[: len(self.worker_lanes)]
 
         def all_done() -> bool:  # every worker lane reached _all_seq (what a sync round waits for)
             seq = self._all_seq
@@ -212,7 +220,7 @@ class WorkerPool:
 
     def _build_main_envs(self) -> list:
         envs = self.lanes[-1]
-        built = build_envs(self._env_fns[envs.start:envs.stop], envs.start, len(self.lanes) - 1)
+        built = build_envs(self._env_fns[envs.start : envs.stop], envs.start, len(self.lanes) - 1)
         raise_construct_failure(built, envs.start)
         return built
 
@@ -222,14 +230,22 @@ class WorkerPool:
     @staticmethod
     def _check_spaces(start: int, found: P.Spaces, spaces: P.Spaces) -> None:
         if found.observation_space != spaces.observation_space:
-            raise ValueError(f"env {start} has observation_space {found.observation_space}, "
-                             f"but env 0 has {spaces.observation_space}")
+            raise ValueError(
+                f"env {start} has observation_space {found.observation_space}, but env 0 has {spaces.observation_space}"
+            )
         if found.action_space != spaces.action_space:
             raise ValueError(f"env {start} has action_space {found.action_space}, but env 0 has {spaces.action_space}")
 
     def _main(self, envs: list) -> Lane:
-        main = Lane(envs, self.lanes[-1].start, self.layout, self.views,
-                    self.autoreset_mode, self.spaces.observation_space, self.spaces.action_space)
+        main = Lane(
+            envs,
+            self.lanes[-1].start,
+            self.layout,
+            self.views,
+            self.autoreset_mode,
+            self.spaces.observation_space,
+            self.spaces.action_space,
+        )
         if self.rollout is not None:
             main.attach_rollout((self.rollout.layout, self.rollout.mapping))
         return main
@@ -303,8 +319,15 @@ class WorkerPool:
     # A round is submit (signal the lanes), then wait (for all, or for some in async mode),
     # then collect (statuses and the rare pickled replies). Sync `run` is the three in a row.
 
-    def submit(self, cmd: int, lane_ids: list[int], payloads: list | None = None, arg: int = 0,
-               fd: int | None = None, state: LaneState = LaneState.IN_FLIGHT) -> None:
+    def submit(
+        self,
+        cmd: int,
+        lane_ids: list[int],
+        payloads: list | None = None,
+        arg: int = 0,
+        fd: int | None = None,
+        state: LaneState = LaneState.IN_FLIGHT,
+    ) -> None:
         """Start ``cmd`` (with argument ``arg``) on the lanes ``lane_ids`` and put them in ``state``;
         ``fd`` is a descriptor that follows each payload on the pipe.
 
@@ -364,7 +387,8 @@ class WorkerPool:
 
     def _absorb(self, lane: int, reply: tuple) -> Any:
         """Copy the pickled observation regions that worker ``lane`` sent with a STEP or RESET
-        reply into this process's arrays; return the reply's own part (infos or ``None``)."""
+        reply into this process's arrays; return the reply's own part (infos or ``None``).
+        """
         reply, regions = reply
         sl = slice(self.lanes[lane].start, self.lanes[lane].stop)
         for name, values in regions.items():
@@ -386,8 +410,11 @@ class WorkerPool:
         count = min(count, len(flying))
         failures = self.wait(flying, count, self.timeout)
         lines, target, num_workers = self.lines, self._target, len(self.worker_lanes)
-        ready = [lane for lane in flying  # in lane order
-                 if (lines[lane][DONE] == target[lane] if lane < num_workers else self._main_result is not None)]
+        ready = [
+            lane
+            for lane in flying  # in lane order
+            if (lines[lane][DONE] == target[lane] if lane < num_workers else self._main_result is not None)
+        ]
         if failures:
             ready = sorted(set(ready) | set(failures))
         if len(ready) > count:
@@ -427,10 +454,12 @@ class WorkerPool:
             self._check_late(lane_ids, failures, timeout, time.perf_counter())
         return failures
 
-    def _wait_workers(self, lane_ids: list[int], count: int, timeout: float | None,
-                      failures: dict[int, Exception]) -> None:
+    def _wait_workers(
+        self, lane_ids: list[int], count: int, timeout: float | None, failures: dict[int, Exception]
+    ) -> None:
         """Spin, then block, until ``count`` worker lanes of ``lane_ids`` have finished or
-        failed (the failures go into ``failures``)."""
+        failed (the failures go into ``failures``).
+        """
         policy = self._wait_policy
         t0 = time.perf_counter()
         # The common case spins on a cheaper test built once: every worker, one sequence number.
@@ -459,8 +488,9 @@ class WorkerPool:
             if timeout is not None and watch:  # each lane's timeout counts from its submission
                 remaining = max(0.0, min(submitted[lane] for lane in watch) + timeout - time.perf_counter())
             try:
-                dead = block_until(ready, self.main_line, workers.done_fd,
-                                   [procs[lane].sentinel for lane in watch], remaining)
+                dead = block_until(
+                    ready, self.main_line, workers.done_fd, [procs[lane].sentinel for lane in watch], remaining
+                )
             except TimeoutError:
                 now = time.perf_counter()
                 for lane in watch:
@@ -477,8 +507,9 @@ class WorkerPool:
         policy.update(time.perf_counter() - t0)
         fence()
 
-    def _check_late(self, lane_ids: list[int], failures: dict[int, Exception], timeout: float | None,
-                    now: float) -> None:
+    def _check_late(
+        self, lane_ids: list[int], failures: dict[int, Exception], timeout: float | None, now: float
+    ) -> None:
         """Add to ``failures`` the worker lanes among ``lane_ids`` still out whose worker died
         or overran ``timeout`` since their submission.
 
@@ -556,9 +587,15 @@ class WorkerPool:
         except Exception as exc:
             return None, WorkerError(P.error_report(exc, self.main_lane, self.main.current, P.phase(cmd)))
 
-    def run(self, cmd: int, payloads: list | None = None, timeout: float | None = None,
-            lane_ids: list[int] | None = None, arg: int = 0, fd: int | None = None
-            ) -> tuple[list, dict[int, Exception]]:
+    def run(
+        self,
+        cmd: int,
+        payloads: list | None = None,
+        timeout: float | None = None,
+        lane_ids: list[int] | None = None,
+        arg: int = 0,
+        fd: int | None = None,
+    ) -> tuple[list, dict[int, Exception]]:
         """Run ``cmd`` on every lane (or on ``lane_ids``) and wait; return ``(replies, failures)``.
 
         ``payloads`` holds one picklable payload per lane (or ``None``); ``timeout`` defaults

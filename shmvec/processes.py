@@ -24,7 +24,8 @@ POLL_S = 0.5
 
 def raise_construct_failure(msg: Any, first_env: int) -> None:
     """Raise what a lane's construction reported, if it failed: :class:`WorkerError` for a
-    :class:`~shmvec.protocol.ConstructError`, ``ValueError`` for a :class:`~shmvec.protocol.Mismatch`."""
+    :class:`~shmvec.protocol.ConstructError`, ``ValueError`` for a :class:`~shmvec.protocol.Mismatch`.
+    """
     if isinstance(msg, P.ConstructError):
         raise WorkerError(msg.report)
     if isinstance(msg, P.Mismatch):
@@ -55,7 +56,7 @@ class WorkerProcesses:
         self._blobs: list[bytes] = []
         for envs in lane_envs:
             try:
-                self._blobs.append(cloudpickle.dumps(list(env_fns[envs.start:envs.stop])))
+                self._blobs.append(cloudpickle.dumps(list(env_fns[envs.start : envs.stop])))
             except Exception as exc:
                 raise TypeError(f"env_fns[{envs.start}:{envs.stop}] cannot be pickled for the workers: {exc}") from exc
         self._ctx = mp.get_context(context)
@@ -163,8 +164,10 @@ class WorkerProcesses:
         self.procs[lane].kill()
         self.procs[lane].join(1.0)
         envs = self.lane_envs[lane]
-        return StepTimeout(f"worker {lane} (envs {envs.start}..{envs.stop - 1}) did not "
-                           f"finish within timeout={timeout} s; it was stopped")
+        return StepTimeout(
+            f"worker {lane} (envs {envs.start}..{envs.stop - 1}) did not "
+            f"finish within timeout={timeout} s; it was stopped"
+        )
 
     def stop(self, lane: int) -> None:
         """Kill worker ``lane`` (if still alive) and close its pipes, before a restart."""

@@ -95,8 +95,13 @@ class Spaces(NamedTuple):
     @classmethod
     def of(cls, env: Any) -> Spaces:
         """What ``env`` (the first of a lane) reports."""
-        return cls(env.observation_space, env.action_space, dict(env.metadata), getattr(env, "render_mode", None),
-                   getattr(env, "spec", None))
+        return cls(
+            env.observation_space,
+            env.action_space,
+            dict(env.metadata),
+            getattr(env, "render_mode", None),
+            getattr(env, "spec", None),
+        )
 
 
 class ConstructError(NamedTuple):

@@ -76,10 +76,16 @@ class EnvHost:
             raise self.error
         env = self.env
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                "worker_pids": env.worker_pids, "single_observation_space": env.single_observation_space,
-                "single_action_space": env.single_action_space, "metadata": env.metadata,
-                "render_mode": env.render_mode}
+        return {
+            "node_id": ctx.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+            "worker_pids": env.worker_pids,
+            "single_observation_space": env.single_observation_space,
+            "single_action_space": env.single_action_space,
+            "metadata": env.metadata,
+            "render_mode": env.render_mode,
+        }
 
     def reset(self, seeds: list | None, options: dict | None) -> tuple:
         return self.env.reset(seed=seeds, options=options)
@@ -172,8 +178,10 @@ class RayVecEnv(VectorEnv):
         env_fns = env_factories(env_fns, "RayVecEnv")
         fixed = [k for k in _FIXED if k in vector_kwargs]
         if fixed:
-            raise ValueError(f"RayVecEnv sets {fixed} of its actors' ShmVecEnv itself: use num_workers_per_actor "
-                             "and autoreset_mode (asynchronous collection is not supported across actors)")
+            raise ValueError(
+                f"RayVecEnv sets {fixed} of its actors' ShmVecEnv itself: use num_workers_per_actor "
+                "and autoreset_mode (asynchronous collection is not supported across actors)"
+            )
         mode = parse_autoreset_mode(autoreset_mode)
         if mode is AutoresetMode.DISABLED:
             raise ValueError("RayVecEnv supports autoreset modes NEXT_STEP and SAME_STEP, not DISABLED")
@@ -195,8 +203,9 @@ class RayVecEnv(VectorEnv):
         kwargs = dict(vector_kwargs, autoreset_mode=mode)
         for block in self.blocks:
             workers = min(num_workers_per_actor, len(block))
-            self._actors.append(_RemoteHost.options(**options).remote(env_fns[block.start:block.stop], workers,
-                                                                      dict(kwargs)))
+            self._actors.append(
+                _RemoteHost.options(**options).remote(env_fns[block.start : block.stop], workers, dict(kwargs))
+            )
         self._info = [{"node_ip": "?", "node_id": "?"} for _ in self._actors]  # until they answer
         self._info = self._wait_ready(ready_timeout, options)
         first = self._info[0]
@@ -204,8 +213,9 @@ class RayVecEnv(VectorEnv):
             for name in ("single_observation_space", "single_action_space"):
                 if info[name] != first[name]:
                     self.close()
-                    raise ValueError(f"actor {k} (env {self.blocks[k].start}) has {name} {info[name]}, but actor 0 "
-                                     f"has {first[name]}")
+                    raise ValueError(
+                        f"actor {k} (env {self.blocks[k].start}) has {name} {info[name]}, but actor 0 has {first[name]}"
+                    )
         self.single_observation_space = first["single_observation_space"]
         self.single_action_space = first["single_action_space"]
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -222,8 +232,10 @@ class RayVecEnv(VectorEnv):
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         largest = max((n.get("Resources", {}).get("CPU", 0.0) for n in nodes), default=0.0)
         if cpus > largest:
-            raise ValueError(f"each actor asks for num_cpus={cpus}, but the largest node of this Ray cluster has "
-                             f"{largest:g} CPUs: lower num_workers_per_actor or pass actor_options={{'num_cpus': ...}}")
+            raise ValueError(
+                f"each actor asks for num_cpus={cpus}, but the largest node of this Ray cluster has "
+                f"{largest:g} CPUs: lower num_workers_per_actor or pass actor_options={{'num_cpus': ...}}"
+            )
 
     def _wait_ready(self, timeout: float, options: dict[str, Any]) -> list[dict[str, Any]]:
         refs = [a.describe.remote() for a in self._actors]
@@ -231,9 +243,11 @@ class RayVecEnv(VectorEnv):
         if pending:
             late = [refs.index(r) for r in pending]
             self.close()
-            raise ShmVecError(f"Ray actor(s) {late} were not ready within {timeout:g} s: each asks for {options}, "
-                              f"the cluster has {ray.available_resources().get('CPU', 0):g} CPUs free. Are there "
-                              "enough CPUs for num_actors x num_workers_per_actor?")
+            raise ShmVecError(
+                f"Ray actor(s) {late} were not ready within {timeout:g} s: each asks for {options}, "
+                f"the cluster has {ray.available_resources().get('CPU', 0):g} CPUs free. Are there "
+                "enough CPUs for num_actors x num_workers_per_actor?"
+            )
         return self._get(refs, "construction")
 
     # -- talking to the actors -------------------------------------------------------------
@@ -242,7 +256,7 @@ class RayVecEnv(VectorEnv):
         out = []
         k = 0
         try:
-            for k, ref in enumerate(refs):
+            for k, ref in enumerate(refs):  # noqa: B007 (k names the actor at fault below)
                 out.append(ray.get(ref, timeout=self.timeout))
         except RayActorError as exc:
             info = self._info[k]
@@ -252,8 +266,10 @@ class RayVecEnv(VectorEnv):
             raise error from None
         except GetTimeoutError:
             self.close()
-            raise StepTimeout(f"Ray actor {k} (envs {self.blocks[k].start}..{self.blocks[k].stop - 1}) did not "
-                              f"finish {what} within timeout={self.timeout} s; the vector env was closed") from None
+            raise StepTimeout(
+                f"Ray actor {k} (envs {self.blocks[k].start}..{self.blocks[k].stop - 1}) did not "
+                f"finish {what} within timeout={self.timeout} s; the vector env was closed"
+            ) from None
         except WorkerError as exc:
             # Ray re-raises it with its own type; its env index is the actor's own: make it global.
             report = dict(getattr(exc, "cause", exc).report)
@@ -271,8 +287,13 @@ class RayVecEnv(VectorEnv):
             raise
         return out
 
-    def _each(self, method: str, args_per_actor: list[tuple] | None = None, what: str | None = None,
-              closes_on_error: bool = True) -> list:
+    def _each(
+        self,
+        method: str,
+        args_per_actor: list[tuple] | None = None,
+        what: str | None = None,
+        closes_on_error: bool = True,
+    ) -> list:
         if self._closed:
             raise ClosedError("this RayVecEnv is closed; create a new one")
         args = args_per_actor or [()] * len(self._actors)
@@ -282,11 +303,18 @@ class RayVecEnv(VectorEnv):
     # -- joining the actors' results ---------------------------------------------------------
     def _join(self, space: gym.Space, parts: list, axis: int) -> Any:
         """Concatenate per-actor (nested) batches of ``space`` along the env axis (a pickled
-        leaf, batched as a tuple of one object per env, by joining the tuples)."""
+        leaf, batched as a tuple of one object per env, by joining the tuples).
+        """
         leaves = [flatten(space, p) for p in parts]
-        return assemble(space, [tuple(x for p in leaves for x in p[i]) if leaf.pickled
-                                else np.concatenate([p[i] for p in leaves], axis=axis)
-                                for i, leaf in enumerate(space_leaves(space))])
+        return assemble(
+            space,
+            [
+                tuple(x for p in leaves for x in p[i])
+                if leaf.pickled
+                else np.concatenate([p[i] for p in leaves], axis=axis)
+                for i, leaf in enumerate(space_leaves(space))
+            ],
+        )
 
     def _join_infos(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         if not any(parts):
@@ -294,14 +322,17 @@ class RayVecEnv(VectorEnv):
         return concat_infos(parts, self._sizes)
 
     # -- the VectorEnv API ---------------------------------------------------------------------
-    def reset(self, *, seed: int | Sequence[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         """Reset every env; ``seed=int`` seeds env ``i`` with ``seed + i``, as Gymnasium does."""
         if options is not None and "reset_mask" in options:
-            raise ValueError("RayVecEnv does not take options['reset_mask']: its envs autoreset (NEXT_STEP or "
-                             "SAME_STEP), so reset() resets them all")
+            raise ValueError(
+                "RayVecEnv does not take options['reset_mask']: its envs autoreset (NEXT_STEP or "
+                "SAME_STEP), so reset() resets them all"
+            )
         seeds = seeds_per_env(seed, self.num_envs)
-        args = [(None if seeds is None else seeds[b.start:b.stop], options) for b in self.blocks]
+        args = [(None if seeds is None else seeds[b.start : b.stop], options) for b in self.blocks]
         parts = self._each("reset", args)
         self._needs_reset = False
         obs = self._join(self.single_observation_space, [p[0] for p in parts], 0)
@@ -311,7 +342,7 @@ class RayVecEnv(VectorEnv):
         """Step every env (one Ray round trip: prefer :meth:`rollout` for throughput)."""
         self._check_ready("step")
         leaves = self._actions.leaf_arrays(actions, self.num_envs)
-        args = [(assemble(self.single_action_space, [a[b.start:b.stop] for a in leaves]),) for b in self.blocks]
+        args = [(assemble(self.single_action_space, [a[b.start : b.stop] for a in leaves]),) for b in self.blocks]
         parts = self._each("step", args)
         obs = self._join(self.single_observation_space, [p[0] for p in parts], 0)
         rewards, terminations, truncations = (np.concatenate([p[i] for p in parts]) for i in (1, 2, 3))
@@ -319,7 +350,8 @@ class RayVecEnv(VectorEnv):
 
     def set_policy(self, policy: Callable[[Any], Any]) -> None:
         """Send ``policy`` (weights included) to every actor: put once in Ray's object store,
-        fetched by each actor. Call it once per policy update; :meth:`rollout` uses it."""
+        fetched by each actor. Call it once per policy update; :meth:`rollout` uses it.
+        """
         if not callable(policy):
             raise TypeError(f"policy must be callable (obs -> actions), got {type(policy).__name__}")
         if self._closed:
@@ -363,8 +395,7 @@ class RayVecEnv(VectorEnv):
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read the attribute), in env order."""
-        parts = self._each("call", [(name, args, kwargs)] * len(self._actors), f"call({name!r})",
-                           closes_on_error=False)
+        parts = self._each("call", [(name, args, kwargs)] * len(self._actors), f"call({name!r})", closes_on_error=False)
         return tuple(x for part in parts for x in part)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:

@@ -62,8 +62,13 @@ class AsyncRollout:
         the bootstrap value ``V(s_T)``).
     """
 
-    def __init__(self, num_envs: int, num_steps: int, fields: dict[str, tuple[tuple[int, ...], Any]],
-                 autoreset_mode: Any = "NextStep") -> None:
+    def __init__(
+        self,
+        num_envs: int,
+        num_steps: int,
+        fields: dict[str, tuple[tuple[int, ...], Any]],
+        autoreset_mode: Any = "NextStep",
+    ) -> None:
         if num_envs < 1 or num_steps < 1:
             raise ValueError(f"num_envs and num_steps must be positive, got {num_envs} and {num_steps}")
         self.num_envs, self.num_steps = num_envs, num_steps
@@ -88,8 +93,9 @@ class AsyncRollout:
         """Whether every env has ``num_steps`` transitions."""
         return bool((self.filled == self.num_steps).all())
 
-    def record_outcome(self, env_ids: np.ndarray, rewards: np.ndarray, terminations: np.ndarray,
-                       truncations: np.ndarray) -> None:
+    def record_outcome(
+        self, env_ids: np.ndarray, rewards: np.ndarray, terminations: np.ndarray, truncations: np.ndarray
+    ) -> None:
         """Complete the pending step of each env in ``env_ids`` with what ``recv`` returned.
 
         Envs with no pending step (their first batch after ``async_reset``) are skipped.

@@ -96,7 +96,8 @@ class SubprocVecEnv(VecEnv):
     # -- stepping ------------------------------------------------------------------------
     def reset(self) -> VecEnvObs:
         """Reset every env (with the seeds and options set since the last reset) and return
-        the observations; the reset infos go to :attr:`reset_infos`."""
+        the observations; the reset infos go to :attr:`reset_infos`.
+        """
         venv, n = self.vector_env, self.num_envs
         seeds = None if all(s is None for s in self._seeds) else list(self._seeds)
         groups = _option_groups(self._options)
@@ -161,7 +162,9 @@ class SubprocVecEnv(VecEnv):
         """Set ``attr_name`` to ``value`` on the outermost wrapper of each env, as SB3 does."""
         self._request(indices, "set_attr", (attr_name, value))
 
-    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any) -> list[Any]:
+    def env_method(
+        self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any
+    ) -> list[Any]:
         """Call method ``method_name`` of each env in ``indices``; one result per env."""
         return self._request(indices, "env_method", (method_name, method_args, method_kwargs))
 

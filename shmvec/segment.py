@@ -49,7 +49,8 @@ def map_fd(fd: int, size: int) -> mmap.mmap:
 
 class Segment:
     """A segment laid out by ``layout`` (a ``layout.Regions``): the descriptor to hand to
-    workers, this process's mapping, and numpy views of every region over it."""
+    workers, this process's mapping, and numpy views of every region over it.
+    """
 
     def __init__(self, layout: Any) -> None:
         self.layout = layout
@@ -59,7 +60,8 @@ class Segment:
 
     def close(self) -> None:
         """Close the descriptor. The memory lives on while a mapping does (views handed out
-        with ``copy=False`` stay valid). Idempotent."""
+        with ``copy=False`` stay valid). Idempotent.
+        """
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

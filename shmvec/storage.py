@@ -20,8 +20,9 @@ from shmvec.worker import Targets
 __all__ = ["RESERVED", "RolloutStorage", "split_policy_output"]
 
 # The keys of a rollout batch; a policy's extras may not use them.
-RESERVED = frozenset({"obs", "actions", "rewards", "terminations", "truncations", "next_obs", "valid",
-                      "final_obs", "infos"})
+RESERVED = frozenset(
+    {"obs", "actions", "rewards", "terminations", "truncations", "next_obs", "valid", "final_obs", "infos"}
+)
 
 
 def split_policy_output(out: Any, action_space: spaces.Space) -> tuple[Any, dict[str, Any]]:
@@ -30,8 +31,12 @@ def split_policy_output(out: Any, action_space: spaces.Space) -> tuple[Any, dict
     A 2-tuple whose second item is a dict is ``(actions, extras)``; with a Tuple action space
     (whose actions are tuples themselves) only when its first item is a tuple too.
     """
-    if (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict)
-            and (not isinstance(action_space, spaces.Tuple) or isinstance(out[0], tuple))):
+    if (
+        isinstance(out, tuple)
+        and len(out) == 2
+        and isinstance(out[1], dict)
+        and (not isinstance(action_space, spaces.Tuple) or isinstance(out[0], tuple))
+    ):
         return out[0], out[1]
     return out, {}
 
@@ -50,30 +55,49 @@ class RolloutStorage:
         Under NEXT_STEP autoreset the batch carries a ``valid`` mask.
     """
 
-    def __init__(self, layout: RolloutLayout, views: dict[str, np.ndarray], observation_space: spaces.Space,
-                 action_space: spaces.Space, next_step: bool) -> None:
+    def __init__(
+        self,
+        layout: RolloutLayout,
+        views: dict[str, np.ndarray],
+        observation_space: spaces.Space,
+        action_space: spaces.Space,
+        next_step: bool,
+    ) -> None:
         self.num_steps, self.num_envs = layout.num_steps, layout.num_envs
         self.observation_space, self.action_space = observation_space, action_space
         self.obs = layout.leaf_views(views, "obs")  # [T + 1, N, ...] each
         self.act = layout.leaf_views(views, "act")  # [T, N, ...] each
         self.final_obs = layout.leaf_views(views, "final_obs") if layout.with_final_obs else []
         self.rewards, self.terminations, self.truncations = (
-            views["rewards"], views["terminations"], views["truncations"])
+            views["rewards"],
+            views["terminations"],
+            views["truncations"],
+        )
         T = self.num_steps
         # What the policy sees at row t: views of the storage itself, built once (writable, so
         # that torch.from_numpy takes them without a copy or a warning).
         self.policy_obs = [assemble(observation_space, [o[t] for o in self.obs]) for t in range(T)]
         self.act_rows = [[a[t] for a in self.act] for t in range(T)]
         # Where step t reads its actions and writes its results, for all envs.
-        self.rows = [Targets([o[t + 1] for o in self.obs], [f[t] for f in self.final_obs], self.act_rows[t],
-                             self.rewards[t], self.terminations[t], self.truncations[t]) for t in range(T)]
+        self.rows = [
+            Targets(
+                [o[t + 1] for o in self.obs],
+                [f[t] for f in self.final_obs],
+                self.act_rows[t],
+                self.rewards[t],
+                self.terminations[t],
+                self.truncations[t],
+            )
+            for t in range(T)
+        ]
         self.valid = np.ones((T, self.num_envs), dtype=bool) if next_step else None
         self.extras: dict[str, np.ndarray] = {}
         self.infos: list[dict[str, Any]] = [{} for _ in range(T)]
 
     def start(self, current_obs: list[np.ndarray], pending_reset: np.ndarray) -> None:
         """Begin a rollout from ``current_obs`` (per-leaf ``[N, ...]``); ``pending_reset``: the
-        envs whose first step will be a NEXT_STEP reset."""
+        envs whose first step will be a NEXT_STEP reset.
+        """
         for leaf, cur in zip(self.obs, current_obs):
             np.copyto(leaf[0], cur)
         if self.valid is not None:
@@ -94,8 +118,10 @@ class RolloutStorage:
             kept = {k: v for k, v in self.extras.items() if k in extras}
             self.extras = kept
         elif extras.keys() != self.extras.keys():
-            raise ValueError(f"the policy returned extras {sorted(extras)} at step {t}, but {sorted(self.extras)} "
-                             "at step 0: every step must return the same ones")
+            raise ValueError(
+                f"the policy returned extras {sorted(extras)} at step {t}, but {sorted(self.extras)} "
+                "at step 0: every step must return the same ones"
+            )
         for name, value in extras.items():
             a = np.asarray(value)
             store = self.extras.get(name)
@@ -103,8 +129,12 @@ class RolloutStorage:
                 if t != 0 or a.ndim == 0 or a.shape[0] != n:
                     raise ValueError(
                         f"policy extra {name!r} has shape {a.shape} dtype {a.dtype} at step {t}; expected "
-                        + (f"({n}, ...): one row per env" if store is None else
-                           f"{store.shape[1:]} dtype {store.dtype} as at step 0"))
+                        + (
+                            f"({n}, ...): one row per env"
+                            if store is None
+                            else f"{store.shape[1:]} dtype {store.dtype} as at step 0"
+                        )
+                    )
                 store = self.extras[name] = np.empty((self.num_steps, *a.shape), dtype=a.dtype)
             store[t] = a
 

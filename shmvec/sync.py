@@ -44,6 +44,7 @@ def ring(fd: int) -> None:
 
 
 def drain(fd: int) -> None:
+    """Read every pending wake byte from the non-blocking ``fd``."""
     try:
         while len(os.read(fd, 4096)) == 4096:
             pass

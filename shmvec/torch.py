@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorWrapper
 
-from shmvec.tree import pickled_fields
 from shmvec.storage import split_policy_output
+from shmvec.tree import pickled_fields
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["TorchVecEnv"]
@@ -61,7 +61,8 @@ def _rebuild(template: Any, leaves: Iterator[Any]) -> Any:
 
 def _host_tensor(array: np.ndarray) -> torch.Tensor:
     """A CPU tensor on ``array``'s memory. The result buffers are read-only views (users must not
-    write them); torch warns about that once per tensor, and these tensors are only ever read."""
+    write them); torch warns about that once per tensor, and these tensors are only ever read.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return torch.from_numpy(array)
@@ -79,8 +80,11 @@ class _PinnedPages:
 
     def pin(self, arrays: list[np.ndarray]) -> bool:
         """Register the pages under ``arrays``; ``False`` (and a warning) where CUDA refuses."""
-        spans = sorted((a.ctypes.data // _PAGE * _PAGE, -(-(a.ctypes.data + a.nbytes) // _PAGE) * _PAGE)
-                       for a in arrays if a.nbytes)
+        spans = sorted(
+            (a.ctypes.data // _PAGE * _PAGE, -(-(a.ctypes.data + a.nbytes) // _PAGE) * _PAGE)
+            for a in arrays
+            if a.nbytes
+        )
         merged: list[list[int]] = []
         for start, stop in spans:
             if merged and start <= merged[-1][1]:
@@ -92,9 +96,12 @@ class _PinnedPages:
             err = cudart.cudaHostRegister(start, stop - start, 1)  # portable: pinned for every device
             code = int(getattr(err, "value", err))
             if code != 0:
-                warnings.warn(f"shmvec.torch: cudaHostRegister refused {stop - start} bytes of shared memory "
-                              f"(CUDA error {code}); copies to the GPU from it will not be asynchronous",
-                              RuntimeWarning, stacklevel=3)
+                warnings.warn(
+                    f"shmvec.torch: cudaHostRegister refused {stop - start} bytes of shared memory "
+                    f"(CUDA error {code}); copies to the GPU from it will not be asynchronous",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
                 return False
             self.ranges.append((start, stop))
         return True
@@ -159,8 +166,10 @@ class TorchVecEnv(VectorWrapper):
             raise TypeError(f"TorchVecEnv wraps a shmvec.ShmVecEnv, got {type(env).__name__}")
         pickled = pickled_fields(env.single_observation_space, env.single_action_space)
         if pickled:
-            raise ValueError(f"TorchVecEnv cannot hold {', '.join(pickled)} in a tensor: its samples have no "
-                             "fixed size. Use the ShmVecEnv itself.")
+            raise ValueError(
+                f"TorchVecEnv cannot hold {', '.join(pickled)} in a tensor: its samples have no "
+                "fixed size. Use the ShmVecEnv itself."
+            )
         super().__init__(env)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -174,8 +183,9 @@ class TorchVecEnv(VectorWrapper):
         env.copy = False  # its own results are views: this wrapper copies once, straight to the device
         buffers = env.buffers
         self._obs_template = buffers.obs
-        self._host = [_host_tensor(a) for a in (*_leaves(buffers.obs), buffers.rewards, buffers.terminations,
-                                                  buffers.truncations)]
+        self._host = [
+            _host_tensor(a) for a in (*_leaves(buffers.obs), buffers.rewards, buffers.terminations, buffers.truncations)
+        ]
         self._static: dict[tuple, list[torch.Tensor]] = {}  # copy=False: (what, size) -> device tensors
         self._runs: dict[bytes, tuple[tuple[int, int], ...]] = {}  # recv's env_ids -> contiguous runs
         self._staging: dict[tuple, torch.Tensor] = {}  # pinned buffers for actions coming from the GPU
@@ -188,8 +198,9 @@ class TorchVecEnv(VectorWrapper):
             with torch.cuda.device(self.device):
                 self._stream = torch.cuda.Stream(self.device)
                 self._copied = torch.cuda.Event()
-            self.pinned = self._pins[0].pin([*_leaves(buffers.obs), buffers.rewards, buffers.terminations,
-                                             buffers.truncations])
+            self.pinned = self._pins[0].pin(
+                [*_leaves(buffers.obs), buffers.rewards, buffers.terminations, buffers.truncations]
+            )
         self._finalizer = weakref.finalize(self, _close, env, self._pins)
 
     def __getattr__(self, name: str) -> Any:
@@ -235,7 +246,8 @@ class TorchVecEnv(VectorWrapper):
         if runs is None:
             splits = np.flatnonzero(np.diff(env_ids) != 1) + 1
             runs = self._runs[env_ids.tobytes()] = tuple(
-                (int(part[0]), int(part[-1]) + 1) for part in np.split(env_ids, splits))
+                (int(part[0]), int(part[-1]) + 1) for part in np.split(env_ids, splits)
+            )
         *obs, rewards, terms, truncs = self._to_device(self._host, runs, "recv")
         return _rebuild(self._obs_template, iter(obs)), rewards, terms, truncs, infos, env_ids
 
@@ -262,8 +274,9 @@ class TorchVecEnv(VectorWrapper):
             rows = [_host_tensor(a) for a in _leaves(obs_row)]
             if gpu:
                 if "obs" not in storage:
-                    storage["obs"] = [torch.empty((num_steps, *r.shape), dtype=r.dtype, device=self.device)
-                                      for r in rows]
+                    storage["obs"] = [
+                        torch.empty((num_steps, *r.shape), dtype=r.dtype, device=self.device) for r in rows
+                    ]
                 for dst, src in zip(storage["obs"], rows):
                     dst[t].copy_(src, non_blocking=True)
                 rows = [dst[t] for dst in storage["obs"]]
@@ -281,8 +294,11 @@ class TorchVecEnv(VectorWrapper):
             self._rollout_key = None
         batch = self.env.rollout(host_policy, num_steps)
         out: dict[str, Any] = {"infos": batch["infos"]}
-        names = [k for k in ("obs", "actions", "rewards", "terminations", "truncations", "valid", "final_obs",
-                             "next_obs") if k in batch]
+        names = [
+            k
+            for k in ("obs", "actions", "rewards", "terminations", "truncations", "valid", "final_obs", "next_obs")
+            if k in batch
+        ]
         if gpu:
             if self._rollout_key is None:
                 # The shared rollout segment only (``valid`` is the parent's own small array).
@@ -323,8 +339,7 @@ class TorchVecEnv(VectorWrapper):
             self._copied.synchronize()
             self._pending = False
 
-    def _to_device(self, host: list[torch.Tensor], runs: tuple[tuple[int, int], ...], what: str
-                   ) -> list[torch.Tensor]:
+    def _to_device(self, host: list[torch.Tensor], runs: tuple[tuple[int, int], ...], what: str) -> list[torch.Tensor]:
         """Rows ``runs`` (``(start, stop)`` env ranges, in order) of each host tensor, on the device."""
         size = sum(stop - start for start, stop in runs)
         if self.device.type == "cpu":
@@ -340,14 +355,15 @@ class TorchVecEnv(VectorWrapper):
         else:
             out = self._static.get((what, size))
             if out is None:
-                out = self._static[(what, size)] = [torch.empty((size, *h.shape[1:]), dtype=h.dtype,
-                                                                device=self.device) for h in host]
+                out = self._static[(what, size)] = [
+                    torch.empty((size, *h.shape[1:]), dtype=h.dtype, device=self.device) for h in host
+                ]
             stream.wait_stream(current)  # kernels queued before may still read the last batch
         with torch.cuda.stream(stream):
             for dst, src in zip(out, host):
                 pos = 0
                 for start, stop in runs:
-                    dst[pos:pos + stop - start].copy_(src[start:stop], non_blocking=True)
+                    dst[pos : pos + stop - start].copy_(src[start:stop], non_blocking=True)
                     pos += stop - start
             self._copied.record(stream)
         current.wait_event(self._copied)

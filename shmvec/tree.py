@@ -60,9 +60,12 @@ def space_leaves(space: spaces.Space, path: tuple[Any, ...] = ()) -> list[Leaf]:
 
 def pickled_fields(observation_space: spaces.Space, action_space: spaces.Space) -> list[str]:
     """The pickled leaves of the two spaces, named for messages: ``["observation_space['x'] (Text)"]``."""
-    return [f"{what}{leaf.field} ({type(leaf.space).__name__})"
-            for what, space in (("observation_space", observation_space), ("action_space", action_space))
-            for leaf in space_leaves(space) if leaf.pickled]
+    return [
+        f"{what}{leaf.field} ({type(leaf.space).__name__})"
+        for what, space in (("observation_space", observation_space), ("action_space", action_space))
+        for leaf in space_leaves(space)
+        if leaf.pickled
+    ]
 
 
 def assemble(space: spaces.Space, arrays: list[np.ndarray]) -> Any:

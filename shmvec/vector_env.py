@@ -14,14 +14,14 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec.actions import ActionBatch
-from shmvec.errors import ClosedError, NonFiniteError, PayloadError, WorkerError
-from shmvec.infos import add_info
-from shmvec.tree import assemble, pickled_fields
 from shmvec.blocks import reset_payloads, set_attr_payloads
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
+from shmvec.errors import ClosedError, NonFiniteError, PayloadError, WorkerError
+from shmvec.infos import add_info
 from shmvec.pool import LaneState, WorkerPool
 from shmvec.protocol import Command
 from shmvec.storage import RolloutStorage, split_policy_output
+from shmvec.tree import assemble, pickled_fields
 from shmvec.worker import Targets
 
 __all__ = ["ShmVecEnv", "SharedBuffers", "make"]
@@ -31,7 +31,8 @@ class SharedBuffers(NamedTuple):
     """Read-only views of the shared memory that ``reset``, ``step`` and ``recv`` write every
     env's results into (``[num_envs, ...]`` each; ``obs`` nested as the observation space).
     They stay valid until ``close`` and always hold each env's latest results. A variable-size
-    leaf (Text, Sequence, Graph, OneOf) is a ``[num_envs]`` object array of the main process."""
+    leaf (Text, Sequence, Graph, OneOf) is a ``[num_envs]`` object array of the main process.
+    """
 
     obs: Any
     rewards: np.ndarray
@@ -155,8 +156,9 @@ class ShmVecEnv(VectorEnv):
         self.num_workers = min(num_workers, self.num_envs)
         self.batch_size = self._check_batch_size(batch_size)
         self.copy = copy
-        self._pool = WorkerPool(env_fns, self.num_workers, step_in_main, context, self.autoreset_mode.value,
-                                timeout, spin_us)
+        self._pool = WorkerPool(
+            env_fns, self.num_workers, step_in_main, context, self.autoreset_mode.value, timeout, spin_us
+        )
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
         # Closes this env when the code it guards raises (a weak reference: no cycle keeps
         # the env alive past its last user, whose garbage collection closes it).
@@ -183,8 +185,10 @@ class ShmVecEnv(VectorEnv):
         # infos["final_obs"] holds one env's observation as the env returned it, as SyncVectorEnv
         # keeps it: envs give a Discrete observation as a Python int, any other fixed leaf as an
         # array (0-d for a scalar Box), a pickled leaf as its object. Read back, each is made so again.
-        self._final_item = [_object_item if leaf.pickled else _int_item if isinstance(leaf.space, gym.spaces.Discrete)
-                            else _array_item for leaf in layout.obs_leaves]
+        self._final_item = [
+            _object_item if leaf.pickled else _int_item if isinstance(leaf.space, gym.spaces.Discrete) else _array_item
+            for leaf in layout.obs_leaves
+        ]
         readonly = []
         for v in (*self._obs_views, views["rewards"], views["terminations"], views["truncations"]):
             ro = v.view()
@@ -197,8 +201,9 @@ class ShmVecEnv(VectorEnv):
         self._rewards, self._terms, self._truncs = views["rewards"], views["terminations"], views["truncations"]
         self._autoreset = views["autoreset"]
         # Where a synchronous step's results land (a rollout's rows are other Targets).
-        self._home = Targets(self._obs_views, self._final_views, self._act_views, self._rewards, self._terms,
-                             self._truncs)
+        self._home = Targets(
+            self._obs_views, self._final_views, self._act_views, self._rewards, self._terms, self._truncs
+        )
         self._current_obs = self._obs_views  # the leaves holding every env's latest observation
         self._storage: RolloutStorage | None = None
         self._stats = {name: views[name] for name in ("last_return", "last_length", "episode_count")}
@@ -210,7 +215,9 @@ class ShmVecEnv(VectorEnv):
         self._batches: dict[tuple[int, ...], tuple] = {}  # lanes -> (ids, index, contiguous, lanes), see _batch_of
         # Whole lanes per recv: all of them in sync mode (whose lanes may differ in size by one env).
         self._batch_lanes = lanes if self.batch_size == self.num_envs else self.batch_size // len(pool.lanes[0])
-        self._held: tuple | None = None  # async: (batch, its _batch_of entry) refused by check_finite, for the next recv
+        self._held: tuple | None = (
+            None  # async: (batch, its _batch_of entry) refused by check_finite, for the next recv
+        )
 
     def _check_batch_size(self, batch_size: int | None) -> int:
         n, w = self.num_envs, self.num_workers
@@ -221,11 +228,15 @@ class ShmVecEnv(VectorEnv):
         if self.autoreset_mode is AutoresetMode.DISABLED:
             raise ValueError("asynchronous collection supports autoreset modes NEXT_STEP and SAME_STEP, not DISABLED")
         if n % w:
-            raise ValueError(f"asynchronous collection needs num_envs ({n}) divisible by num_workers ({w}): "
-                             "batches are made of whole workers' blocks")
+            raise ValueError(
+                f"asynchronous collection needs num_envs ({n}) divisible by num_workers ({w}): "
+                "batches are made of whole workers' blocks"
+            )
         if batch_size % (n // w):
-            raise ValueError(f"batch_size ({batch_size}) must be a multiple of the envs per worker "
-                             f"({n // w} = num_envs {n} / num_workers {w})")
+            raise ValueError(
+                f"batch_size ({batch_size}) must be a multiple of the envs per worker "
+                f"({n // w} = num_envs {n} / num_workers {w})"
+            )
         return batch_size
 
     # -- the VectorEnv API ----------------------------------------------------------------
@@ -253,8 +264,10 @@ class ShmVecEnv(VectorEnv):
             if mask.dtype != np.bool_:
                 raise TypeError(f"`options['reset_mask']` must have `dtype=np.bool_`, got {mask.dtype}")
             if not mask.any():
-                raise ValueError("`options['reset_mask']` must contain a boolean array with at least one True "
-                                 f"value, got reset_mask={mask}")
+                raise ValueError(
+                    "`options['reset_mask']` must contain a boolean array with at least one True "
+                    f"value, got reset_mask={mask}"
+                )
         payloads = reset_payloads(seeds, options, mask, self._pool.lanes)
         self._restarted = None  # a restart reported by the last step is not this reset's
         replies = self._run(Command.RESET, payloads)  # (which drains sends not received)
@@ -271,8 +284,10 @@ class ShmVecEnv(VectorEnv):
                 raise ClosedError("step() on a closed ShmVecEnv")
             raise ResetNeeded("ShmVecEnv.step() was called before reset(); call reset() first")
         if self.batch_size != self.num_envs:
-            raise ValueError(f"this ShmVecEnv collects asynchronously (batch_size={self.batch_size} < "
-                             f"num_envs={self.num_envs}): use send(actions, env_ids) and recv()")
+            raise ValueError(
+                f"this ShmVecEnv collects asynchronously (batch_size={self.batch_size} < "
+                f"num_envs={self.num_envs}): use send(actions, env_ids) and recv()"
+            )
         if self.autoreset_mode is AutoresetMode.DISABLED and self._autoreset.any():
             ended = np.flatnonzero(self._autoreset).tolist()
             raise ValueError(
@@ -313,7 +328,8 @@ class ShmVecEnv(VectorEnv):
     @property
     def np_random(self) -> tuple[np.random.Generator, ...]:
         """Each env's random generator (a copy, for envs stepped in worker processes), as
-        ``AsyncVectorEnv`` gives them."""
+        ``AsyncVectorEnv`` gives them.
+        """
         return self.get_attr("np_random")
 
     def render(self) -> tuple[Any, ...]:
@@ -326,8 +342,9 @@ class ShmVecEnv(VectorEnv):
         self._finalizer()
 
     # -- asynchronous collection (EnvPool style) -------------------------------------------
-    def async_reset(self, *, seed: int | Sequence[int | None] | None = None,
-                    options: dict[str, Any] | None = None) -> None:
+    def async_reset(
+        self, *, seed: int | Sequence[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> None:
         """Start resetting every env without waiting; :meth:`recv` returns the batches.
 
         ``seed`` and ``options`` are as in :meth:`reset` (``reset_mask`` excepted).
@@ -383,19 +400,29 @@ class ShmVecEnv(VectorEnv):
             self._settle(failures, all(commands[lane] == Command.STEP for lane in failures), self._home)
         self._last = last = self._batch_of(ready)
         ids, index, contiguous, _ = last
-        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(commands[lane] == Command.STEP for lane in ready)
+        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(
+            commands[lane] == Command.STEP for lane in ready
+        )
         infos = self._merge_infos([got.get(lane) for lane in ready], same_step=same_step, ids=ids)
         if self._pickled_obs is not None:
             obs = self._with_objects(index, contiguous)
         elif not self.copy and contiguous:
             obs = assemble(self.single_observation_space, [v[index] for v in self._obs_readonly_leaves])
         else:
-            obs = assemble(self.single_observation_space,
-                           [v[index].copy() if contiguous else v[index] for v in self._obs_views])
+            obs = assemble(
+                self.single_observation_space, [v[index].copy() if contiguous else v[index] for v in self._obs_views]
+            )
         if not self.copy and contiguous:
             batch = (obs, self._rewards_ro[index], self._terms_ro[index], self._truncs_ro[index], infos, ids)
         else:
-            batch = (obs, self._rewards[index].copy(), self._terms[index].copy(), self._truncs[index].copy(), infos, ids)
+            batch = (
+                obs,
+                self._rewards[index].copy(),
+                self._terms[index].copy(),
+                self._truncs[index].copy(),
+                infos,
+                ids,
+            )
         if self.check_finite:
             try:
                 self._check_finite(rewards=True, index=index)
@@ -407,7 +434,8 @@ class ShmVecEnv(VectorEnv):
 
     def _batch_of(self, ready: list[int]) -> tuple[np.ndarray, slice | np.ndarray, bool, list[int]]:
         """``(env_ids, index, contiguous, lanes)`` of a batch made of the lanes ``ready``, made once
-        per combination: the ids are read-only, so the same array can be handed out every time."""
+        per combination: the ids are read-only, so the same array can be handed out every time.
+        """
         key = tuple(ready)
         batch = self._batches.get(key)
         if batch is None:
@@ -422,8 +450,11 @@ class ShmVecEnv(VectorEnv):
     def _lanes_of(self, ids: np.ndarray) -> list[int]:
         """The idle lanes that ``ids`` covers exactly, or a ValueError saying what is expected."""
         lanes, states = self._pool.lanes, self._lane_states
-        hint = ("the env_ids returned by the last recv()" if self._last is not None
-                else "env ids of whole idle workers' blocks")
+        hint = (
+            "the env_ids returned by the last recv()"
+            if self._last is not None
+            else "env ids of whole idle workers' blocks"
+        )
         if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
             raise ValueError(f"env_ids must be a 1-d integer array of {hint}; got {ids!r:.120}")
         starts = {envs.start: lane for lane, envs in enumerate(lanes)}
@@ -432,13 +463,12 @@ class ShmVecEnv(VectorEnv):
         while pos < ids.size:
             lane = starts.get(int(ids[pos]), -1)
             envs = lanes[lane] if lane >= 0 else None
-            if envs is None or not np.array_equal(ids[pos:pos + len(envs)], np.arange(envs.start, envs.stop)):
+            if envs is None or not np.array_equal(ids[pos : pos + len(envs)], np.arange(envs.start, envs.stop)):
                 raise ValueError(f"env_ids must be {hint} (whole blocks of workers' envs); got {ids!r:.120}")
             if lane in out:
                 raise ValueError(f"env_ids repeats a block: {ids!r:.120}")
             if states[lane] is not LaneState.IDLE:
-                raise ValueError(f"envs {envs.start}..{envs.stop - 1} are already stepping: send() takes "
-                                 f"{hint}")
+                raise ValueError(f"envs {envs.start}..{envs.stop - 1} are already stepping: send() takes {hint}")
             out.append(lane)
             pos += len(envs)
         return out
@@ -523,8 +553,12 @@ class ShmVecEnv(VectorEnv):
             with self._closing:
                 segment = self._pool.attach_rollout(num_steps)
             storage = self._storage = RolloutStorage(
-                segment.layout, segment.views, self.single_observation_space, self.single_action_space,
-                next_step=self.autoreset_mode is AutoresetMode.NEXT_STEP)
+                segment.layout,
+                segment.views,
+                self.single_observation_space,
+                self.single_action_space,
+                next_step=self.autoreset_mode is AutoresetMode.NEXT_STEP,
+            )
         storage.start(self._current_obs, self._autoreset)
         act_space, check_finite = self.single_action_space, self.check_finite
         same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
@@ -557,14 +591,20 @@ class ShmVecEnv(VectorEnv):
             raise ResetNeeded("ShmVecEnv.rollout() was called before reset(); call reset() first")
         pickled = pickled_fields(self.single_observation_space, self.single_action_space)
         if pickled:
-            raise ValueError(f"rollout() keeps every step in shared memory, which cannot hold {', '.join(pickled)}: "
-                             "its samples have no fixed size. Use step() or send()/recv() for this env.")
+            raise ValueError(
+                f"rollout() keeps every step in shared memory, which cannot hold {', '.join(pickled)}: "
+                "its samples have no fixed size. Use step() or send()/recv() for this env."
+            )
         if self.batch_size != self.num_envs:
-            raise ValueError(f"rollout() steps every env together; this ShmVecEnv collects asynchronously "
-                             f"(batch_size={self.batch_size} < num_envs={self.num_envs}): use shmvec.AsyncRollout")
+            raise ValueError(
+                f"rollout() steps every env together; this ShmVecEnv collects asynchronously "
+                f"(batch_size={self.batch_size} < num_envs={self.num_envs}): use shmvec.AsyncRollout"
+            )
         if self.autoreset_mode is AutoresetMode.DISABLED:
-            raise ValueError("rollout() needs autoreset_mode NEXT_STEP or SAME_STEP: under DISABLED an env "
-                             "that ends its episode mid-rollout could not go on")
+            raise ValueError(
+                "rollout() needs autoreset_mode NEXT_STEP or SAME_STEP: under DISABLED an env "
+                "that ends its episode mid-rollout could not go on"
+            )
         positive_int(num_steps, "rollout(num_steps=...)")
         if not callable(policy):
             raise TypeError(f"rollout(policy=...) must be callable (obs -> actions), got {type(policy).__name__}")
@@ -587,7 +627,8 @@ class ShmVecEnv(VectorEnv):
     @property
     def buffers(self) -> SharedBuffers:
         """The shared result buffers, as read-only views: for zero-copy consumers
-        (``shmvec.torch`` pins them for asynchronous copies to a GPU)."""
+        (``shmvec.torch`` pins them for asynchronous copies to a GPU).
+        """
         return SharedBuffers(self._obs_readonly, self._rewards_ro, self._terms_ro, self._truncs_ro)
 
     @property
@@ -612,10 +653,18 @@ class ShmVecEnv(VectorEnv):
         return self._stats["episode_count"].copy()
 
     # -- internals ------------------------------------------------------------------------
-    def _run(self, cmd: int, payloads: list | None = None, closes_on_error: bool = True, arg: int = 0,
-             out: Targets | None = None, drained: bool = False) -> list:
+    def _run(
+        self,
+        cmd: int,
+        payloads: list | None = None,
+        closes_on_error: bool = True,
+        arg: int = 0,
+        out: Targets | None = None,
+        drained: bool = False,
+    ) -> list:
         """One command round; apply ``on_error`` to the lanes that failed (a step's results go to
-        ``out``, by default the regular regions). ``drained``: the caller has just drained."""
+        ``out``, by default the regular regions). ``drained``: the caller has just drained.
+        """
         if self.closed:
             raise ClosedError("this ShmVecEnv is closed; create a new one")
         if not drained:
@@ -624,15 +673,21 @@ class ShmVecEnv(VectorEnv):
         with self._closing:
             replies, failures = self._pool.run(cmd, payloads, arg=arg)
         if failures:
-            self._settle(failures, cmd == Command.STEP or cmd == Command.ROLLOUT_STEP,
-                         self._home if out is None else out, closes_on_error)
+            self._settle(
+                failures,
+                cmd == Command.STEP or cmd == Command.ROLLOUT_STEP,
+                self._home if out is None else out,
+                closes_on_error,
+            )
         return replies
 
-    def _settle(self, failures: dict[int, Exception], restartable: bool, out: Targets,
-                closes_on_error: bool = True) -> None:
+    def _settle(
+        self, failures: dict[int, Exception], restartable: bool, out: Targets, closes_on_error: bool = True
+    ) -> None:
         """Apply ``on_error`` to the lanes that failed: restart them (a step's results go to
         ``out``) when ``restartable`` and asked to, else raise the first failure. Raising closes
-        the env, unless ``closes_on_error`` is False and only envs raised (call, set_attr)."""
+        the env, unless ``closes_on_error`` is False and only envs raised (call, set_attr).
+        """
         if restartable and self.on_error == "restart":
             with self._closing:
                 self._restart(failures, out)
@@ -665,16 +720,20 @@ class ShmVecEnv(VectorEnv):
     def _check_finite(self, rewards: bool, index: slice | np.ndarray = slice(None), out: Targets | None = None) -> None:
         out = self._home if out is None else out
         arrays = [("reward", out.rewards)] if rewards else []
-        arrays += [(f"observation{leaf.field}", view) for leaf, view in zip(self._obs_leaves, out.obs)
-                   if view.dtype.kind == "f"]
+        arrays += [
+            (f"observation{leaf.field}", view)
+            for leaf, view in zip(self._obs_leaves, out.obs)
+            if view.dtype.kind == "f"
+        ]
         for name, arr in arrays:
             finite = np.isfinite(arr[index])
             if not finite.all():
                 env = int(np.arange(self.num_envs)[index][np.argwhere(~finite)[0][0]])
                 raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}", env)
 
-    def _merge_infos(self, replies: list, same_step: bool, ids: range | np.ndarray | None = None,
-                     out: Targets | None = None) -> dict[str, Any]:
+    def _merge_infos(
+        self, replies: list, same_step: bool, ids: range | np.ndarray | None = None, out: Targets | None = None
+    ) -> dict[str, Any]:
         """Gymnasium's dict-of-arrays infos, built in env order exactly as SyncVectorEnv does.
 
         ``ids``: the envs of the batch (all envs when ``None``); info arrays are indexed by
@@ -701,8 +760,9 @@ class ShmVecEnv(VectorEnv):
                 k = i if pos is None else pos[i]
                 final_info, info = reports.get(i, (None, None))
                 if i in ended:
-                    final_obs = assemble(self.single_observation_space,
-                                         [item(v, i) for v, item in zip(out.final_obs, self._final_item)])
+                    final_obs = assemble(
+                        self.single_observation_space, [item(v, i) for v, item in zip(out.final_obs, self._final_item)]
+                    )
                     add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, k, size)
                 if info:
                     add_info(infos, info, k, size, columns)
@@ -722,7 +782,8 @@ class ShmVecEnv(VectorEnv):
     def _with_objects(self, index: slice | np.ndarray, contiguous: bool) -> Any:
         """The observations of the envs ``index`` when the space has pickled leaves: those are
         a tuple of one object per env (deep copies with ``copy=True``), as Gymnasium's
-        ``concatenate`` batches them; the other leaves as :meth:`recv` gives them."""
+        ``concatenate`` batches them; the other leaves as :meth:`recv` gives them.
+        """
         leaves = []
         views = self._obs_views if self.copy or not contiguous else self._obs_readonly_leaves
         for view, pickled in zip(views, self._pickled_obs):
@@ -734,11 +795,13 @@ class ShmVecEnv(VectorEnv):
             leaves.append(part)
         return assemble(self.single_observation_space, leaves)
 
-    def _write_actions(self, actions: Any, batch: tuple[int, slice | np.ndarray] | None = None,
-                       views: list | None = None) -> None:
+    def _write_actions(
+        self, actions: Any, batch: tuple[int, slice | np.ndarray] | None = None, views: list | None = None
+    ) -> None:
         """Check ``actions`` (for all envs, or for a ``batch``: its size and its index into the
         regions, from :meth:`_batch_of`) and write them into shared memory (the regular
-        regions, or the per-leaf ``views`` of a rollout row)."""
+        regions, or the per-leaf ``views`` of a rollout row).
+        """
         # Under NEXT_STEP an env that ended its episode is reset by this step and never sees its
         # action; Gymnasium hands it any value, so its row is not checked against the space.
         ignored = None

@@ -17,13 +17,36 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shmvec.protocol import ARG, CMD, DONE, GO, PAYLOAD, REPLY_LEN, STATUS, SLEEPING, Attach, Command, ConstructError, \
-    Mismatch, Ready, Spaces, Status, error_report, phase
+from shmvec.protocol import (
+    ARG,
+    CMD,
+    DONE,
+    GO,
+    PAYLOAD,
+    REPLY_LEN,
+    SLEEPING,
+    STATUS,
+    Attach,
+    Command,
+    ConstructError,
+    Mismatch,
+    Ready,
+    Spaces,
+    Status,
+    error_report,
+    phase,
+)
 
 # Plain ints for the per-step paths: comparing with one costs less than with an enum member.
 _STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP = (
-    int(Command.STEP), int(Command.RESET), int(Command.CALL), int(Command.SET_ATTR), int(Command.CLOSE),
-    int(Command.ROLLOUT_ATTACH), int(Command.ROLLOUT_STEP))
+    int(Command.STEP),
+    int(Command.RESET),
+    int(Command.CALL),
+    int(Command.SET_ATTR),
+    int(Command.CLOSE),
+    int(Command.ROLLOUT_ATTACH),
+    int(Command.ROLLOUT_STEP),
+)
 _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
 
 # numpy scalar types that travel as Python scalars with nothing lost (see plain_scalars); filled
@@ -42,8 +65,9 @@ class Targets:
 
     __slots__ = ("obs", "final_obs", "act", "rewards", "terminations", "truncations", "raw")
 
-    def __init__(self, obs: list, final_obs: list, act: list, rewards: Any, terminations: Any,
-                 truncations: Any) -> None:
+    def __init__(
+        self, obs: list, final_obs: list, act: list, rewards: Any, terminations: Any, truncations: Any
+    ) -> None:
         self.obs, self.final_obs, self.act = obs, final_obs, act
         self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
         # Byte views of the three, for struct's pack_into: one C call writes a lane's
@@ -54,8 +78,9 @@ class Targets:
 class Lane:
     """The envs ``[start, start + len(envs))`` of a lane, stepping into shared views."""
 
-    def __init__(self, envs: list, start: int, layout, views: dict, autoreset_mode: str,
-                 observation_space, action_space) -> None:
+    def __init__(
+        self, envs: list, start: int, layout, views: dict, autoreset_mode: str, observation_space, action_space
+    ) -> None:
         import numpy as np
 
         self.envs = envs
@@ -99,18 +124,27 @@ class Lane:
 
     def _targets(self, layout, views: dict, row: int | None) -> Targets:
         """Views of this lane's slice: the regular regions (``row=None``) or rollout row ``row``,
-        whose step writes its observation into row ``row + 1``."""
+        whose step writes its observation into row ``row + 1``.
+        """
         sl = slice(self.start, self.stop)
         if row is None:
+
             def at(v, shift=0):
                 return v[sl]
         else:
+
             def at(v, shift=0):
                 return v[row + shift, sl]
+
         final = [at(v) for v in layout.leaf_views(views, "final_obs")] if layout.with_final_obs else []
-        return Targets([at(v, 1) for v in layout.leaf_views(views, "obs")], final,
-                       [at(v) for v in layout.leaf_views(views, "act")],
-                       at(views["rewards"]), at(views["terminations"]), at(views["truncations"]))
+        return Targets(
+            [at(v, 1) for v in layout.leaf_views(views, "obs")],
+            final,
+            [at(v) for v in layout.leaf_views(views, "act")],
+            at(views["rewards"]),
+            at(views["terminations"]),
+            at(views["truncations"]),
+        )
 
     def attach_rollout(self, payload: tuple) -> None:
         """Step into the rollout segment ``(layout, buffer)`` from now on, one row per step."""
@@ -167,14 +201,17 @@ class Lane:
     def _write_gathered(self, target, values: list) -> bool:
         """Write one observation per env into ``target`` at once; ``False`` (nothing written)
         if they do not stack into its shape with a safe cast (the caller then writes them one
-        by one, which names the env at fault)."""
+        by one, which names the env at fault).
+        """
         np = self._np
         try:
             stacked = np.array(values)
         except (ValueError, TypeError):
             return False
         dtype = target.dtype
-        if stacked.shape != target.shape or (stacked.dtype != dtype and not np.can_cast(stacked.dtype, dtype, "same_kind")):
+        if stacked.shape != target.shape or (
+            stacked.dtype != dtype and not np.can_cast(stacked.dtype, dtype, "same_kind")
+        ):
             return False
         target[...] = stacked
         return True
@@ -195,7 +232,7 @@ class Lane:
             self.pickled[name][...] = values
 
     def pickled_results(self, step: bool) -> dict[str, Any]:
-        """This lane's pickled observation leaves, ``{region name: [n] object array}``, to send
+        """The lane's pickled observation leaves, ``{region name: [n] object array}``, to send
         with the reply of a step (``step``) or reset; after a step, its final observations too.
 
         The final ones are cleared once taken: only the envs that end an episode in a step
@@ -215,7 +252,8 @@ class Lane:
         """Step every env, reading actions from and writing results to ``out`` (default: the
         regular regions); return ``[(env_index, final_info, info), ...]`` for the envs that
         have something to report (``None`` if none), where ``final_info`` is the step info of an
-        episode that ended under same-step autoreset (``None`` when not that case)."""
+        episode that ended under same-step autoreset (``None`` when not that case).
+        """
         envs, autoreset = self.envs, self.pending_reset
         next_step = self.mode == "NextStep"
         same_step = self.mode == "SameStep"
@@ -290,19 +328,25 @@ class Lane:
 
     def _write_outcomes(self, out: Targets, rews: list, terms: list, truncs: list) -> None:
         """Write rewards and flags env by env; raise naming the first env whose value is not a
-        scalar (a float reward, a truth value for each flag)."""
+        scalar (a float reward, a truth value for each flag).
+        """
         np = self._np
         for j in range(len(rews)):
-            for name, values, target in (("reward", rews, out.rewards), ("terminated", terms, out.terminations),
-                                         ("truncated", truncs, out.truncations)):
+            for name, values, target in (
+                ("reward", rews, out.rewards),
+                ("terminated", terms, out.terminations),
+                ("truncated", truncs, out.truncations),
+            ):
                 value = values[j]
                 try:
                     if value is None or np.ndim(value) != 0:  # numpy would take None for NaN
                         raise ValueError("not a scalar")
                     target[j] = value
                 except (ValueError, TypeError) as exc:
-                    raise EnvObsError(f"env {self.start + j} returned {name} {value!r:.80}: expected a "
-                                      f"{'float' if name == 'reward' else 'bool'} scalar ({exc})") from None
+                    raise EnvObsError(
+                        f"env {self.start + j} returned {name} {value!r:.80}: expected a "
+                        f"{'float' if name == 'reward' else 'bool'} scalar ({exc})"
+                    ) from None
 
     def _count_episodes(self, rewards: Any, ended: list | None, resets: list | None) -> None:
         """Add a step's ``rewards`` to the running episodes, publish the finished ones, and
@@ -492,13 +536,21 @@ def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w
 
         mm = map_fd(recv_handle(conn), layout.size)
         views = layout.views(mm)
-        lane_envs = Lane(envs, start, layout, views, autoreset_mode, env0.observation_space,
-                         env0.action_space)
+        lane_envs = Lane(envs, start, layout, views, autoreset_mode, env0.observation_space, env0.action_space)
         conn.send(Ready())
         parent = mp.parent_process()
-        _serve(lane_envs, control_lines(views), memoryview(views["replies"][lane]), lane, conn, wake_r.fileno(),
-               done_w.fileno(), spin,
-               parent.sentinel if parent is not None else None, bool(layout.pickled("obs/")))
+        _serve(
+            lane_envs,
+            control_lines(views),
+            memoryview(views["replies"][lane]),
+            lane,
+            conn,
+            wake_r.fileno(),
+            done_w.fileno(),
+            spin,
+            parent.sentinel if parent is not None else None,
+            bool(layout.pickled("obs/")),
+        )
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the main process went away: nothing to report to
     finally:
@@ -507,8 +559,18 @@ def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w
         conn.close()
 
 
-def _serve(envs: Lane, lines: list, replies: memoryview, lane: int, conn, wake_r: int, done_w: int, policy,
-           parent_sentinel: int | None, pickled_obs: bool) -> None:
+def _serve(
+    envs: Lane,
+    lines: list,
+    replies: memoryview,
+    lane: int,
+    conn,
+    wake_r: int,
+    done_w: int,
+    policy,
+    parent_sentinel: int | None,
+    pickled_obs: bool,
+) -> None:
     """Serve commands until CLOSE, waiting for each with ``policy`` (a ``sync.SpinPolicy``).
 
     ``pickled_obs``: the observation space has pickled leaves, which every STEP and RESET
@@ -517,10 +579,10 @@ def _serve(envs: Lane, lines: list, replies: memoryview, lane: int, conn, wake_r
     import time
     from multiprocessing.reduction import ForkingPickler, recv_handle
 
+    import numpy as np
+
     from shmvec.segment import map_fd
     from shmvec.sync import block_until, fence, ring, spin_until
-
-    import numpy as np
 
     _PLAIN[np.float64] = float  # not np.bool_: Gymnasium batches it in an object array, bool in a bool one
     if np.dtype(int) == np.int64:

@@ -45,4 +45,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-__getattr__, __dir__ = lazy_exports('shmvec.bench', _LAZY, globals())
+__getattr__, __dir__ = lazy_exports("shmvec.bench", _LAZY, globals())

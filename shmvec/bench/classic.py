@@ -81,8 +81,9 @@ class ClassicSubprocVecEnv:
         try:
             for i, fn in enumerate(env_fns):
                 remote, work = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(work, remote, cloudpickle.dumps(fn)),
-                                   name=f"classic-subproc-{i}", daemon=True)
+                proc = ctx.Process(
+                    target=_worker, args=(work, remote, cloudpickle.dumps(fn)), name=f"classic-subproc-{i}", daemon=True
+                )
                 proc.start()
                 work.close()
                 self.remotes.append(remote)

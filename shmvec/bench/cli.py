@@ -37,9 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{bench,tune}")
     sub.required = True
 
-    b = sub.add_parser("bench", help="throughput report: shmvec against Gymnasium, the classic baseline and peers",
-                       description="Run the throughput sweep and print a markdown report; results go to "
-                                   "OUT/<timestamp>/ (JSON, markdown, PNG plots) and OUT/latest.")
+    b = sub.add_parser(
+        "bench",
+        help="throughput report: shmvec against Gymnasium, the classic baseline and peers",
+        description="Run the throughput sweep and print a markdown report; results go to "
+        "OUT/<timestamp>/ (JSON, markdown, PNG plots) and OUT/latest.",
+    )
     b.add_argument("--quick", action="store_true", help="small sweep, short windows (under a minute)")
     b.add_argument("--workloads", type=_names, metavar="A,B", help="workloads to run (see --list)")
     b.add_argument("--engines", type=_names, metavar="A,B", help="engines to run (see --list)")
@@ -48,29 +51,47 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeats", type=int, help="windows per cell; the median is reported (default 3; quick 2)")
     b.add_argument("--warmup", type=float, help="warm-up seconds before the windows (default 0.2; quick 0.1)")
     b.add_argument("--num-workers", type=int, help="shmvec's num_workers (default: usable cores)")
-    b.add_argument("--max-procs", type=int,
-                   help="skip engines that would start more processes than this (default 128; quick 32)")
+    b.add_argument(
+        "--max-procs", type=int, help="skip engines that would start more processes than this (default 128; quick 32)"
+    )
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--out", default="results", metavar="DIR", help="results folder (default ./results)")
     b.add_argument("--no-plots", action="store_true", help="do not draw PNG plots")
     b.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    b.add_argument("--no-probe", action="store_true",
-                   help="skip the check of how CPU-bound work scales over processes (before and after the sweep)")
-    b.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", metavar="PATH",
-                   help="also rewrite the 'Latest results' block of docs/benchmarks.md (or PATH)")
-    b.add_argument("--from-json", metavar="PATH",
-                   help="do not measure: render the report (and --write-docs) from a results.json")
+    b.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the check of how CPU-bound work scales over processes (before and after the sweep)",
+    )
+    b.add_argument(
+        "--write-docs",
+        nargs="?",
+        const="docs/benchmarks.md",
+        metavar="PATH",
+        help="also rewrite the 'Latest results' block of docs/benchmarks.md (or PATH)",
+    )
+    b.add_argument(
+        "--from-json", metavar="PATH", help="do not measure: render the report (and --write-docs) from a results.json"
+    )
     b.add_argument("--list", action="store_true", help="list workloads and engines (and which are installed)")
     b.add_argument("--dry-run", action="store_true", help="print the plan and the time it should take, run nothing")
 
-    t = sub.add_parser("tune", help="find the fastest shmvec configuration for an env on this machine",
-                       description="Measure num_workers x envs_per_worker x step_in_main x spin_us for ENV_ID "
-                                   "and print the fastest configuration as code (about a minute).")
+    t = sub.add_parser(
+        "tune",
+        help="find the fastest shmvec configuration for an env on this machine",
+        description="Measure num_workers x envs_per_worker x step_in_main x spin_us for ENV_ID "
+        "and print the fastest configuration as code (about a minute).",
+    )
     t.add_argument("env_id", help="Gymnasium env id, e.g. CartPole-v1 or shmvec/AtariLike-v0")
     t.add_argument("--num-envs", type=int, help="the num_envs you will use (default: also search it)")
     t.add_argument("--workers", type=_ints, metavar="A,B", help="num_workers values to try")
-    t.add_argument("--env-kwargs", type=json.loads, default=None, metavar="JSON",
-                   help='keyword arguments for gymnasium.make, e.g. \'{"step_us": 50}\'')
+    t.add_argument(
+        "--env-kwargs",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="keyword arguments for gymnasium.make, e.g. '{\"step_us\": 50}'",
+    )
     t.add_argument("--seconds", type=_positive, default=0.5, help="window length (default 0.5)")
     t.add_argument("--repeats", type=int, default=2, help="windows per configuration (default 2)")
     t.add_argument("--no-progress", action="store_true")
@@ -89,10 +110,15 @@ def _config(args: argparse.Namespace):  # -> SweepConfig
         warmup=args.warmup if args.warmup is not None else base.timing.warmup,
     )
     return SweepConfig(
-        workloads=args.workloads, engines=args.engines, timing=timing,
+        workloads=args.workloads,
+        engines=args.engines,
+        timing=timing,
         num_envs=args.num_envs or base.num_envs,
-        num_workers=args.num_workers, max_procs=args.max_procs if args.max_procs is not None else base.max_procs,
-        seed=args.seed, quick=args.quick, probe_scaling=not args.no_probe,
+        num_workers=args.num_workers,
+        max_procs=args.max_procs if args.max_procs is not None else base.max_procs,
+        seed=args.seed,
+        quick=args.quick,
+        probe_scaling=not args.no_probe,
     )
 
 
@@ -135,8 +161,10 @@ def _bench(args: argparse.Namespace) -> int:
             return 2
         runs = [p for p in plan if p.skip is None]
         total = sum(p.estimate_s for p in runs)
-        print(f"shmvec bench: {len(runs)} runs ({len(plan) - len(runs)} skipped), about {format_duration(total)}",
-              file=sys.stderr)
+        print(
+            f"shmvec bench: {len(runs)} runs ({len(plan) - len(runs)} skipped), about {format_duration(total)}",
+            file=sys.stderr,
+        )
         if args.dry_run:
             for p in plan:
                 print(f"  {p.label:<45} " + (f"skip: {p.skip}" if p.skip else f"~{p.estimate_s:.1f} s"))
@@ -145,8 +173,11 @@ def _bench(args: argparse.Namespace) -> int:
         files = write_results(sweep, args.out, plots=not args.no_plots)
         plots, note = files.plots, files.plot_note
         print(render_markdown(sweep, plots=[relpath(p) for p in plots]))
-        print(f"results: {relpath(files.folder)}/ (results.json, results.md, {len(plots)} plots); "
-              f"also {relpath(Path(args.out) / 'latest')}", file=sys.stderr)
+        print(
+            f"results: {relpath(files.folder)}/ (results.json, results.md, {len(plots)} plots); "
+            f"also {relpath(Path(args.out) / 'latest')}",
+            file=sys.stderr,
+        )
     if note:
         print(note, file=sys.stderr)
     if args.write_docs:
@@ -159,9 +190,16 @@ def _tune(args: argparse.Namespace) -> int:
     from shmvec.bench.tuning import tune
 
     try:
-        result = tune(args.env_id, args.num_envs, env_kwargs=args.env_kwargs, workers=args.workers,
-                      seconds=args.seconds, repeats=args.repeats, progress=not args.no_progress,
-                      probe=not args.no_probe)
+        result = tune(
+            args.env_id,
+            args.num_envs,
+            env_kwargs=args.env_kwargs,
+            workers=args.workers,
+            seconds=args.seconds,
+            repeats=args.repeats,
+            progress=not args.no_progress,
+            probe=not args.no_probe,
+        )
     except Exception as exc:  # an unknown id, bad kwargs: say so without a traceback
         print(f"shmvec tune: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -169,8 +169,9 @@ class _StepLoopStepper:
         self.policy = _CyclingPolicy(actions)
         T, n = ROLLOUT_STEPS, env.num_envs
         self._flatten = lambda x, space=env.single_observation_space: flatten(space, x)
-        self.obs_buf = [np.zeros((T, n, *leaf.shape), leaf.dtype)
-                        for leaf in space_leaves(env.single_observation_space)]
+        self.obs_buf = [
+            np.zeros((T, n, *leaf.shape), leaf.dtype) for leaf in space_leaves(env.single_observation_space)
+        ]
         sample = actions[0]
         self.act_buf = np.zeros((T, *np.shape(sample)), np.asarray(sample).dtype)
         self.rew_buf = np.zeros((T, n), np.float32)
@@ -222,8 +223,9 @@ def _build_shmvec(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
         from shmvec.vector_env import ShmVecEnv
 
         workers = min(spec.num_workers, spec.num_envs)
-        env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=step_in_main or spec.in_process,
-                        spin_us=spec.spin_us)
+        env = ShmVecEnv(
+            spec.env_fns(), num_workers=workers, step_in_main=step_in_main or spec.in_process, spin_us=spec.spin_us
+        )
         return VectorEnvStepper(env, workers)
 
     return build
@@ -234,8 +236,9 @@ def _build_shmvec_async(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
         from shmvec.vector_env import ShmVecEnv
 
         workers = min(spec.num_workers, spec.num_envs)
-        env = ShmVecEnv(spec.env_fns(), num_workers=workers, batch_size=spec.num_envs // workers,
-                        step_in_main=step_in_main)
+        env = ShmVecEnv(
+            spec.env_fns(), num_workers=workers, batch_size=spec.num_envs // workers, step_in_main=step_in_main
+        )
         return _AsyncStepper(env, workers)
 
     return build
@@ -298,8 +301,9 @@ def _build_envpool(spec: RunSpec) -> Stepper:
     import envpool
 
     threads = min(spec.num_workers, spec.num_envs)
-    env = envpool.make(spec.workload.envpool_id, env_type="gymnasium", num_envs=spec.num_envs,
-                       num_threads=threads, seed=spec.seed)
+    env = envpool.make(
+        spec.workload.envpool_id, env_type="gymnasium", num_envs=spec.num_envs, num_threads=threads, seed=spec.seed
+    )
     return _EnvPoolStepper(env, threads)
 
 
@@ -399,42 +403,111 @@ def _none(spec: RunSpec) -> int:
 ENGINES: dict[str, Engine] = {
     e.key: e
     for e in [
-        Engine("shmvec", "shmvec", "ShmVecEnv(num_workers = usable cores): the defaults, every env in a worker",
-               _build_shmvec(False), lambda s: min(s.num_workers, s.num_envs)),
-        Engine("shmvec-main", "shmvec, block in main", "ShmVecEnv(step_in_main=True): the calling process steps "
-               "one block (opt-in speed mode, no isolation for that block)", _build_shmvec(True),
-               lambda s: min(s.num_workers, s.num_envs) - 1),
-        Engine("shmvec-async", "shmvec async", "ShmVecEnv(batch_size = num_envs / num_workers): send/recv, "
-               "every block in a worker", _build_shmvec_async(False), lambda s: min(s.num_workers, s.num_envs)),
-        Engine("shmvec-async-main", "shmvec async, block in main", "ShmVecEnv(batch_size = num_envs / "
-               "num_workers, step_in_main=True): send/recv, the calling process steps one block while it waits",
-               _build_shmvec_async(True), lambda s: min(s.num_workers, s.num_envs) - 1),
-        Engine("shmvec-loop", "shmvec step loop", f"ShmVecEnv.step in a PPO loop copying each step into "
-               f"[T={ROLLOUT_STEPS}, N] buffers", _build_shmvec_loop, lambda s: min(s.num_workers, s.num_envs),
-               supports=_rollout_supports),
-        Engine("shmvec-rollout", "shmvec rollout", f"ShmVecEnv.rollout(policy, {ROLLOUT_STEPS}): workers write "
-               "the [T, N] buffers in place", _build_shmvec_rollout, lambda s: min(s.num_workers, s.num_envs),
-               supports=_rollout_supports),
+        Engine(
+            "shmvec",
+            "shmvec",
+            "ShmVecEnv(num_workers = usable cores): the defaults, every env in a worker",
+            _build_shmvec(False),
+            lambda s: min(s.num_workers, s.num_envs),
+        ),
+        Engine(
+            "shmvec-main",
+            "shmvec, block in main",
+            "ShmVecEnv(step_in_main=True): the calling process steps "
+            "one block (opt-in speed mode, no isolation for that block)",
+            _build_shmvec(True),
+            lambda s: min(s.num_workers, s.num_envs) - 1,
+        ),
+        Engine(
+            "shmvec-async",
+            "shmvec async",
+            "ShmVecEnv(batch_size = num_envs / num_workers): send/recv, every block in a worker",
+            _build_shmvec_async(False),
+            lambda s: min(s.num_workers, s.num_envs),
+        ),
+        Engine(
+            "shmvec-async-main",
+            "shmvec async, block in main",
+            "ShmVecEnv(batch_size = num_envs / "
+            "num_workers, step_in_main=True): send/recv, the calling process steps one block while it waits",
+            _build_shmvec_async(True),
+            lambda s: min(s.num_workers, s.num_envs) - 1,
+        ),
+        Engine(
+            "shmvec-loop",
+            "shmvec step loop",
+            f"ShmVecEnv.step in a PPO loop copying each step into [T={ROLLOUT_STEPS}, N] buffers",
+            _build_shmvec_loop,
+            lambda s: min(s.num_workers, s.num_envs),
+            supports=_rollout_supports,
+        ),
+        Engine(
+            "shmvec-rollout",
+            "shmvec rollout",
+            f"ShmVecEnv.rollout(policy, {ROLLOUT_STEPS}): workers write the [T, N] buffers in place",
+            _build_shmvec_rollout,
+            lambda s: min(s.num_workers, s.num_envs),
+            supports=_rollout_supports,
+        ),
         # Before the process-per-env peers: what they leave running for a while after close
         # (measured: 1.45x instead of 1.79x right after SB3 at 32 envs) would slow a 2-process ceiling.
-        Engine(CEILING, "split serial", "the serial loop split over num_workers processes that never "
-               "talk while they step: the most any engine could get from these cores",
-               _build_split_serial, lambda s: min(s.num_workers, s.num_envs)),
+        Engine(
+            CEILING,
+            "split serial",
+            "the serial loop split over num_workers processes that never "
+            "talk while they step: the most any engine could get from these cores",
+            _build_split_serial,
+            lambda s: min(s.num_workers, s.num_envs),
+        ),
         Engine("gym-sync", "gym Sync", "gymnasium.vector.SyncVectorEnv", _build_gym_sync, _none),
-        Engine("gym-async-shm", "gym Async (shm)", "AsyncVectorEnv(shared_memory=True), one process per env",
-               _build_gym_async(True), _per_env),
-        Engine("gym-async-pipe", "gym Async (pipe)", "AsyncVectorEnv(shared_memory=False), one process per env",
-               _build_gym_async(False), _per_env),
-        Engine("classic", "classic Subproc", "pipe-per-env SubprocVecEnv (shmvec.bench.classic), one process per env",
-               _build_classic, _per_env),
-        Engine("sb3", "SB3 Subproc", "stable_baselines3 SubprocVecEnv, one process per env, fork start method",
-               _build_sb3, _per_env, requires="stable_baselines3",
-               install_hint="pip install stable-baselines3"),
-        Engine("envpool", "EnvPool", "envpool.make(env_type='gymnasium'), num_threads = usable cores",
-               _build_envpool, _none, requires="envpool", install_hint="pip install envpool",
-               supports=_envpool_supports),
-        Engine("serial", "serial loop", "for env in envs: env.step(a) in the calling process (reference)",
-               _build_serial, _none, reference=True),
+        Engine(
+            "gym-async-shm",
+            "gym Async (shm)",
+            "AsyncVectorEnv(shared_memory=True), one process per env",
+            _build_gym_async(True),
+            _per_env,
+        ),
+        Engine(
+            "gym-async-pipe",
+            "gym Async (pipe)",
+            "AsyncVectorEnv(shared_memory=False), one process per env",
+            _build_gym_async(False),
+            _per_env,
+        ),
+        Engine(
+            "classic",
+            "classic Subproc",
+            "pipe-per-env SubprocVecEnv (shmvec.bench.classic), one process per env",
+            _build_classic,
+            _per_env,
+        ),
+        Engine(
+            "sb3",
+            "SB3 Subproc",
+            "stable_baselines3 SubprocVecEnv, one process per env, fork start method",
+            _build_sb3,
+            _per_env,
+            requires="stable_baselines3",
+            install_hint="pip install stable-baselines3",
+        ),
+        Engine(
+            "envpool",
+            "EnvPool",
+            "envpool.make(env_type='gymnasium'), num_threads = usable cores",
+            _build_envpool,
+            _none,
+            requires="envpool",
+            install_hint="pip install envpool",
+            supports=_envpool_supports,
+        ),
+        Engine(
+            "serial",
+            "serial loop",
+            "for env in envs: env.step(a) in the calling process (reference)",
+            _build_serial,
+            _none,
+            reference=True,
+        ),
     ]
 }
 

@@ -115,8 +115,10 @@ def machine_info() -> dict[str, Any]:
         "python": platform.python_version(),
         "python_impl": platform.python_implementation(),
         "start_method": mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0],
-        "versions": {name: _version(name) for name in
-                     ("shmvec", "numpy", "gymnasium", "stable-baselines3", "envpool", "matplotlib", "psutil")},
+        "versions": {
+            name: _version(name)
+            for name in ("shmvec", "numpy", "gymnasium", "stable-baselines3", "envpool", "matplotlib", "psutil")
+        },
         "argv": sys.argv[1:],
     }
 
@@ -130,5 +132,7 @@ def machine_line(info: dict[str, Any]) -> str:
     vm = " (virtual machine)" if info.get("virtualized") else ""
     libs = ", ".join(f"{name} {ver}" for name, ver in v.items() if ver)
     mem = f", {info['memory_gb']} GB RAM" if info.get("memory_gb") else ""
-    return (f"{info.get('cpu')}, {cores}{vm}{mem}; {info.get('os')}; "
-            f"Python {info.get('python')} ({info.get('start_method')} start method); {libs}")
+    return (
+        f"{info.get('cpu')}, {cores}{vm}{mem}; {info.get('os')}; "
+        f"Python {info.get('python')} ({info.get('start_method')} start method); {libs}"
+    )

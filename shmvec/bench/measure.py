@@ -67,8 +67,7 @@ class RunResult:
 
     def paired_with(self, other: RunResult) -> bool:
         """Whether window ``r`` of this run and of ``other`` ran in the same round."""
-        return (self.group is not None and self.group == other.group
-                and len(self.repeats) == len(other.repeats) > 0)
+        return self.group is not None and self.group == other.group and len(self.repeats) == len(other.repeats) > 0
 
     def added_mb(self, kind: str = "pss") -> float | None:
         """Memory the engine added: the tree's total after its warm-up less the total before it was built.
@@ -119,8 +118,9 @@ class RunTimeout(Exception):
 @contextlib.contextmanager
 def deadline(seconds: float | None) -> Iterator[None]:
     """Raise :class:`RunTimeout` in the main thread after ``seconds`` (a no-op elsewhere)."""
-    usable = (seconds is not None and hasattr(signal, "setitimer")
-              and threading.current_thread() is threading.main_thread())
+    usable = (
+        seconds is not None and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    )
     if not usable:
         yield
         return
@@ -142,8 +142,9 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def measure(engine: Engine, spec: RunSpec, timing: Timing, single_action_space: Any,
-            timeout: float | None = None) -> RunResult:
+def measure(
+    engine: Engine, spec: RunSpec, timing: Timing, single_action_space: Any, timeout: float | None = None
+) -> RunResult:
     """Build ``engine`` for ``spec``, time it, record memory, and always close it.
 
     Any exception (construction, reset, step, a hang past ``timeout`` seconds) gives a
@@ -153,8 +154,14 @@ def measure(engine: Engine, spec: RunSpec, timing: Timing, single_action_space: 
     return measure_group([engine], spec, timing, single_action_space, timeout)[0]
 
 
-def measure_group(engines: list[Engine], spec: RunSpec, timing: Timing, single_action_space: Any,
-                  timeout: float | None = None, group: int | None = None) -> list[RunResult]:
+def measure_group(
+    engines: list[Engine],
+    spec: RunSpec,
+    timing: Timing,
+    single_action_space: Any,
+    timeout: float | None = None,
+    group: int | None = None,
+) -> list[RunResult]:
     """Build every engine for ``spec``, then time them in turn: ``timing.repeats`` rounds of one
     window each (the order rotating every round, so none is always first).
 

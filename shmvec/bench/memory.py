@@ -34,7 +34,7 @@ def _children_map() -> dict[int, list[int]]:
         except OSError:
             continue  # gone meanwhile
         # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(name))
     return children
 

@@ -78,8 +78,12 @@ _DOCS_SKELETON = """# Benchmarks
 """
 
 
-def update_docs(sweep: SweepResult, docs_path: str | Path = "docs/benchmarks.md",
-                plots: list[Path] | None = None, image_dir: str = "img/benchmarks") -> Path:
+def update_docs(
+    sweep: SweepResult,
+    docs_path: str | Path = "docs/benchmarks.md",
+    plots: list[Path] | None = None,
+    image_dir: str = "img/benchmarks",
+) -> Path:
     """Rewrite the "Latest results" block of ``docs_path`` from ``sweep`` (copying the plots beside it).
 
     Only the text between :data:`BEGIN` and :data:`END` changes; a file without the markers

@@ -46,7 +46,7 @@ class Progress:
 
     def eta(self) -> float:
         spent = time.perf_counter() - self.start_time
-        rest = sum(self.estimates[self.done:])
+        rest = sum(self.estimates[self.done :])
         scale = spent / self.planned_done if self.planned_done > 0 else 1.0
         return rest * scale
 

@@ -89,14 +89,20 @@ def scaling_text(sweep: SweepResult) -> str | None:
         return None
     k, median, lowest, count = c
     probes = f"median of {count} probes during the sweep, lowest {format_ratio(lowest)}" if count > 1 else "one probe"
-    text = (f"Parallel capacity: CPU-bound work in {k} processes ran {format_ratio(median)} as fast as in one "
-            f"process ({probes}; ideal {k}x). No engine can beat the serial loop by more than that here.")
+    text = (
+        f"Parallel capacity: CPU-bound work in {k} processes ran {format_ratio(median)} as fast as in one "
+        f"process ({probes}; ideal {k}x). No engine can beat the serial loop by more than that here."
+    )
     if median < 0.8 * k:
-        text = ("**Warning: this machine did not deliver its cores.** " + text + " The machine was busy, or its "
-                "vCPUs share physical cores: rerun on an idle machine before trusting the parallel figures.")
+        text = (
+            "**Warning: this machine did not deliver its cores.** " + text + " The machine was busy, or its "
+            "vCPUs share physical cores: rerun on an idle machine before trusting the parallel figures."
+        )
     elif lowest < 0.8 * k:
-        text += (" At least one probe fell well short: something else ran for part of the sweep; "
-                 "cells with a large spread may be affected.")
+        text += (
+            " At least one probe fell well short: something else ran for part of the sweep; "
+            "cells with a large spread may be affected."
+        )
     return text
 
 
@@ -151,8 +157,17 @@ def _mem_column(sweep: SweepResult) -> tuple[Callable[[RunResult], float | None]
 def full_table(sweep: SweepResult) -> str:
     """Every (workload, num_envs, engine): steps/s, spread, ratios, memory, and why a cell is empty."""
     mem_of, mem_label = _mem_column(sweep)
-    header = ["workload", "num_envs", "engine", "steps/s", "spread", "x serial",
-              f"{sweep.engine_label(ENGINE)} speedup", mem_label, "note"]
+    header = [
+        "workload",
+        "num_envs",
+        "engine",
+        "steps/s",
+        "spread",
+        "x serial",
+        f"{sweep.engine_label(ENGINE)} speedup",
+        mem_label,
+        "note",
+    ]
     rows = []
     for w in sweep.workloads():
         for n in sweep.sizes(w):
@@ -164,18 +179,25 @@ def full_table(sweep: SweepResult) -> str:
                 if r.workers and e == ENGINE:
                     label += f" ({r.workers} workers)"
                 if not r.ok:
-                    rows.append([sweep.workload_label(w), str(n), label, "-", "", "", "", "", f"{r.status}: {r.reason}"])
+                    rows.append(
+                        [sweep.workload_label(w), str(n), label, "-", "", "", "", "", f"{r.status}: {r.reason}"]
+                    )
                     continue
                 s = spread(r.repeats)
                 mem = mem_of(r)
-                rows.append([
-                    sweep.workload_label(w), str(n), label, format_rate(r.steps_per_s),
-                    "" if s is None else f"±{100 * s:.0f}%",
-                    format_ratio(sweep.ratio(w, n, e, REFERENCE)),
-                    format_ratio(sweep.ratio(w, n, ENGINE, e)),
-                    "" if mem is None else f"{mem:,.0f}",
-                    "",
-                ])
+                rows.append(
+                    [
+                        sweep.workload_label(w),
+                        str(n),
+                        label,
+                        format_rate(r.steps_per_s),
+                        "" if s is None else f"±{100 * s:.0f}%",
+                        format_ratio(sweep.ratio(w, n, e, REFERENCE)),
+                        format_ratio(sweep.ratio(w, n, ENGINE, e)),
+                        "" if mem is None else f"{mem:,.0f}",
+                        "",
+                    ]
+                )
     return markdown_table(header, "lrlrrrrrl", rows)
 
 
@@ -215,8 +237,9 @@ def render_markdown(sweep: SweepResult, plots: list[str] | None = None, heading_
         method_text(sweep),
         f"{hh} Targets",
         "Set for shmvec with 2 workers on 2 cores; checked against the ratios measured in this run."
-        + ("" if sweep.config.get("num_workers") == 2
-           else f" This run used {sweep.config.get('num_workers')} workers."),
+        + (
+            "" if sweep.config.get("num_workers") == 2 else f" This run used {sweep.config.get('num_workers')} workers."
+        ),
         targets_table(sweep),
         f"{hh} shmvec against each engine",
         "Speedup = shmvec steps/s / engine steps/s, both measured in this run (> 1: shmvec is faster).",

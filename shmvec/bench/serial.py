@@ -72,7 +72,7 @@ class SplitSerial:
         try:
             for b in self.blocks:
                 parent, child = ctx.Pipe()
-                blob = cloudpickle.dumps(list(env_fns[b.start:b.stop]))
+                blob = cloudpickle.dumps(list(env_fns[b.start : b.stop]))
                 proc = ctx.Process(target=_serve_block, args=(child, blob), daemon=True, name="shmvec-bench-split")
                 proc.start()
                 child.close()
@@ -109,7 +109,7 @@ class SplitSerial:
 
     def _run(self, actions: Any, steps: int) -> None:
         for conn, b in zip(self.conns, self.blocks):
-            conn.send(("run", None if actions is None else actions[b.start:b.stop], steps))
+            conn.send(("run", None if actions is None else actions[b.start : b.stop], steps))
         self._gather()
 
     def close(self) -> None:

@@ -215,10 +215,15 @@ class SweepResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SweepResult:
-        return cls(machine=d.get("machine", {}), config=d.get("config", {}),
-                   results=[RunResult.from_dict(r) for r in d.get("results", [])],
-                   started=d.get("started", ""), elapsed_s=d.get("elapsed_s", 0.0),
-                   workload_labels=d.get("workload_labels", {}), engine_labels=d.get("engine_labels", {}))
+        return cls(
+            machine=d.get("machine", {}),
+            config=d.get("config", {}),
+            results=[RunResult.from_dict(r) for r in d.get("results", [])],
+            started=d.get("started", ""),
+            elapsed_s=d.get("elapsed_s", 0.0),
+            workload_labels=d.get("workload_labels", {}),
+            engine_labels=d.get("engine_labels", {}),
+        )
 
 
 def _action_space(workload: Workload) -> Any:
@@ -229,8 +234,9 @@ def _action_space(workload: Workload) -> Any:
         env.close()
 
 
-def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | None = None,
-              plan: list[PlannedRun] | None = None) -> SweepResult:
+def run_sweep(
+    config: SweepConfig, *, progress: bool = True, stream: TextIO | None = None, plan: list[PlannedRun] | None = None
+) -> SweepResult:
     """Measure every cell of ``config`` and return the results, in plan order.
 
     Nothing steps concurrently. At each (workload, num_envs) the engines that start at most
@@ -278,8 +284,13 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
                     spaces[workload.key] = _action_space(workload)
             except Exception as exc:
                 for i, p in todo:
-                    results[i] = RunResult(p.workload.key, p.num_envs, p.engine.key, "failed",
-                                           f"the workload's env cannot be built: {type(exc).__name__}: {exc}")
+                    results[i] = RunResult(
+                        p.workload.key,
+                        p.num_envs,
+                        p.engine.key,
+                        "failed",
+                        f"the workload's env cannot be built: {type(exc).__name__}: {exc}",
+                    )
                     bar.advance()
                 continue
             spec = RunSpec(workload, n, workers, config.seed)
@@ -292,8 +303,14 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
                 bar.show(f"{workload.key} N={n} {names}")
                 timeout = config.run_timeout or 60.0 + 10.0 * max(p.estimate_s for _, p in batch)
                 group = batch[0][0] if len(batch) > 1 else None
-                measured = measure_group([p.engine for _, p in batch], spec, config.timing, spaces[workload.key],
-                                         timeout=timeout, group=group)
+                measured = measure_group(
+                    [p.engine for _, p in batch],
+                    spec,
+                    config.timing,
+                    spaces[workload.key],
+                    timeout=timeout,
+                    group=group,
+                )
                 for (i, _), r in zip(batch, measured):
                     results[i] = r
                     bar.advance()
@@ -307,7 +324,10 @@ def run_sweep(config: SweepConfig, *, progress: bool = True, stream: TextIO | No
     if samples:
         machine["parallel_scaling"] = {"processes": config.workers(), "samples": samples}
     return SweepResult(
-        machine=machine, config=config.to_dict(), results=[results[i] for i in sorted(results)], started=started,
+        machine=machine,
+        config=config.to_dict(),
+        results=[results[i] for i in sorted(results)],
+        started=started,
         elapsed_s=time.perf_counter() - t0,
         workload_labels={w.key: w.label for w in get_workloads(config.workloads)},
         engine_labels={e.key: e.label for e in engines},

@@ -48,32 +48,69 @@ class Outcome:
 # how many it measured with).
 TARGETS: list[Target] = [
     Target("Atari-like at 128 envs: >= 3x gym SyncVectorEnv", "atari-like", 128, "gym-sync", 3.0),
-    Target("Atari-like at 128 envs: >= 20x gym AsyncVectorEnv(shared_memory=True)", "atari-like", 128,
-           "gym-async-shm", 20.0),
+    Target(
+        "Atari-like at 128 envs: >= 20x gym AsyncVectorEnv(shared_memory=True)",
+        "atari-like",
+        128,
+        "gym-async-shm",
+        20.0,
+    ),
     Target("100 us env at 32 envs: >= 1.8x the serial loop", "cost-100us", 32, "serial", 1.8),
     Target("heavy-tail env: ahead of every other engine, at every size", "heavy-tail", None, None, 1.0, strict=True),
     # Async against sync step with the same envs and workers (every block in a worker).
-    Target("heavy-tail env at 32 envs: async (batch_size 16) >= 1.3x sync step, same workers", "heavy-tail", 32,
-           "shmvec", 1.3, engine="shmvec-async"),
-    Target("CartPole: async no slower than sync step with the same workers, at every size", "cartpole", None,
-           "shmvec", 1.0, engine="shmvec-async"),
+    Target(
+        "heavy-tail env at 32 envs: async (batch_size 16) >= 1.3x sync step, same workers",
+        "heavy-tail",
+        32,
+        "shmvec",
+        1.3,
+        engine="shmvec-async",
+    ),
+    Target(
+        "CartPole: async no slower than sync step with the same workers, at every size",
+        "cartpole",
+        None,
+        "shmvec",
+        1.0,
+        engine="shmvec-async",
+    ),
     # Rollouts written in place against the step loop a PPO user writes, same envs and workers.
-    Target("CartPole: rollout() faster than a step loop filling [T, N] buffers, at every size", "cartpole", None,
-           "shmvec-loop", 1.0, strict=True, engine="shmvec-rollout"),
-    Target("Atari-like: rollout() faster than a step loop filling [T, N] buffers, at every size", "atari-like",
-           None, "shmvec-loop", 1.0, strict=True, engine="shmvec-rollout"),
+    Target(
+        "CartPole: rollout() faster than a step loop filling [T, N] buffers, at every size",
+        "cartpole",
+        None,
+        "shmvec-loop",
+        1.0,
+        strict=True,
+        engine="shmvec-rollout",
+    ),
+    Target(
+        "Atari-like: rollout() faster than a step loop filling [T, N] buffers, at every size",
+        "atari-like",
+        None,
+        "shmvec-loop",
+        1.0,
+        strict=True,
+        engine="shmvec-rollout",
+    ),
     # Against this machine's ceiling (split serial: num_workers processes that never talk), measured
     # in the same rounds: what a 2-core VM delivers moves from minute to minute, these ratios much less.
     Target("CartPole at 32 envs: >= 0.75x the ceiling (split serial)", "cartpole", 32, CEILING, 0.75),
     Target("CartPole at 128 envs: >= 0.85x the ceiling (split serial)", "cartpole", 128, CEILING, 0.85),
-    Target("Atari-like at 128 envs: rollout() >= 0.8x the ceiling (split serial)", "atari-like", 128, CEILING, 0.8,
-           engine="shmvec-rollout"),
+    Target(
+        "Atari-like at 128 envs: rollout() >= 0.8x the ceiling (split serial)",
+        "atari-like",
+        128,
+        CEILING,
+        0.8,
+        engine="shmvec-rollout",
+    ),
     Target("Atari Pong at 16 envs: >= 0.9x the ceiling (split serial)", "atari-pong", 16, CEILING, 0.9),
-    Target("Atari Pong at 16 envs: >= 1.5x gym AsyncVectorEnv(shared_memory=True)", "atari-pong", 16,
-           "gym-async-shm", 1.5),
+    Target(
+        "Atari Pong at 16 envs: >= 1.5x gym AsyncVectorEnv(shared_memory=True)", "atari-pong", 16, "gym-async-shm", 1.5
+    ),
     Target("MuJoCo Ant at 16 envs: >= 0.9x the ceiling (split serial)", "mujoco-ant", 16, CEILING, 0.9),
-    Target("CartPole at 32 envs: >= 10x gym AsyncVectorEnv(shared_memory=True)", "cartpole", 32,
-           "gym-async-shm", 10.0),
+    Target("CartPole at 32 envs: >= 10x gym AsyncVectorEnv(shared_memory=True)", "cartpole", 32, "gym-async-shm", 10.0),
 ]
 
 
@@ -85,8 +122,7 @@ def evaluate(sweep: SweepResult, targets: list[Target] | None = None) -> list[Ou
 def _check(sweep: SweepResult, t: Target) -> Outcome:
     sizes = sweep.sizes(t.workload) if t.num_envs is None else [t.num_envs]
     # "Every other engine" means the peers: shmvec's own modes are not its competition.
-    peers = ([e for e in sweep.engines() if not e.startswith("shmvec") and e != CEILING]
-             if t.peer is None else [t.peer])
+    peers = [e for e in sweep.engines() if not e.startswith("shmvec") and e != CEILING] if t.peer is None else [t.peer]
     pairs = []
     for n in sizes:
         for peer in peers:

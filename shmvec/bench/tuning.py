@@ -53,8 +53,9 @@ class Candidate:
         def build(spec: RunSpec) -> Stepper:
             from shmvec.vector_env import ShmVecEnv
 
-            env = ShmVecEnv(spec.env_fns(), step_in_main=self.step_in_main, num_workers=self.num_workers,
-                            spin_us=self.spin_us)
+            env = ShmVecEnv(
+                spec.env_fns(), step_in_main=self.step_in_main, num_workers=self.num_workers, spin_us=self.spin_us
+            )
             return VectorEnvStepper(env, self.num_workers)
 
         procs = self.num_workers - 1 if self.step_in_main else self.num_workers
@@ -97,6 +98,7 @@ class TuneResult:
 
     def table(self) -> str:
         """A markdown table of every configuration, fastest first."""
+
         def key(row: tuple[Candidate, RunResult]) -> float:
             return -(row[1].steps_per_s or 0.0)
 
@@ -104,15 +106,29 @@ class TuneResult:
         for c, r in sorted(self.rows, key=key):
             ref = self.serial.get(c.num_envs)
             ratio = r.steps_per_s / ref.steps_per_s if r.ok and ref is not None and ref.ok and ref.steps_per_s else None
-            rows.append([
-                str(c.num_envs), str(c.num_workers), f"{c.envs_per_worker:g}", str(c.step_in_main),
-                "auto" if c.spin_us is None else f"{c.spin_us:g}",
-                format_rate(r.steps_per_s) if r.ok else f"{r.status}: {r.reason}",
-                format_ratio(ratio),
-            ])
+            rows.append(
+                [
+                    str(c.num_envs),
+                    str(c.num_workers),
+                    f"{c.envs_per_worker:g}",
+                    str(c.step_in_main),
+                    "auto" if c.spin_us is None else f"{c.spin_us:g}",
+                    format_rate(r.steps_per_s) if r.ok else f"{r.status}: {r.reason}",
+                    format_ratio(ratio),
+                ]
+            )
         for n, ref in sorted(self.serial.items()):
-            rows.append([str(n), "-", "-", "-", "-", format_rate(ref.steps_per_s) if ref.ok else ref.reason,
-                         "1.00x (serial loop)"])
+            rows.append(
+                [
+                    str(n),
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    format_rate(ref.steps_per_s) if ref.ok else ref.reason,
+                    "1.00x (serial loop)",
+                ]
+            )
         header = ["num_envs", "num_workers", "envs/worker", "step_in_main", "spin_us", "steps/s", "x serial"]
         return markdown_table(header, "rrrllrr", rows)
 
@@ -126,7 +142,7 @@ class TuneResult:
             if self.env_kwargs:
                 args += f", env_kwargs={self.env_kwargs!r}"
             return f'import shmvec\n\nenvs = shmvec.make("{self.env_ref}", num_envs={best.num_envs}, {args})'
-        return (f"import shmvec\n\nenvs = shmvec.ShmVecEnv([{self.env_ref}] * {best.num_envs}, {args})")
+        return f"import shmvec\n\nenvs = shmvec.ShmVecEnv([{self.env_ref}] * {best.num_envs}, {args})"
 
     def summary(self) -> str:
         """Table, fastest configuration and how the default compares, as printed by ``shmvec tune``."""
@@ -134,27 +150,37 @@ class TuneResult:
         cores = self.machine.get("usable_cores") or usable_cores()
         lines = [f"shmvec tune {self.env_name} on {cores} usable cores ({self.machine.get('cpu')})"]
         if self.scaling is not None and cores >= 2:
-            lines.append(f"Parallel capacity: CPU-bound work in {cores} processes ran {format_ratio(self.scaling)} "
-                         f"as fast as in one (ideal {cores}x).")
+            lines.append(
+                f"Parallel capacity: CPU-bound work in {cores} processes ran {format_ratio(self.scaling)} "
+                f"as fast as in one (ideal {cores}x)."
+            )
             if self.scaling < 0.8 * cores:
-                lines[-1] = ("Warning: " + lines[-1] + " The machine is busy or its vCPUs share cores: "
-                             "rerun when it is idle before trusting the choice below.")
+                lines[-1] = (
+                    "Warning: " + lines[-1] + " The machine is busy or its vCPUs share cores: "
+                    "rerun when it is idle before trusting the choice below."
+                )
         lines += ["", self.table(), ""]
         if best is None:
             lines.append("No configuration ran successfully: see the table.")
             return "\n".join(lines)
         best_rate = self.rate(best) or 0.0
-        lines.append(f"Fastest: {format_rate(best_rate)} steps/s with num_envs={best.num_envs}, "
-                     + ", ".join(f"{k}={v}" for k, v in best.kwargs().items()))
+        lines.append(
+            f"Fastest: {format_rate(best_rate)} steps/s with num_envs={best.num_envs}, "
+            + ", ".join(f"{k}={v}" for k, v in best.kwargs().items())
+        )
         default = Candidate(best.num_envs, min(usable_cores(), best.num_envs))
         d = self.rate(default)
         if d is not None and default != best:
-            lines.append(f"The defaults (num_workers={default.num_workers}, step_in_main=True, spin_us auto) reach "
-                         f"{100 * d / best_rate:.0f}% of that; differences of a few % are within noise.")
+            lines.append(
+                f"The defaults (num_workers={default.num_workers}, step_in_main=True, spin_us auto) reach "
+                f"{100 * d / best_rate:.0f}% of that; differences of a few % are within noise."
+            )
         ref = self.serial.get(best.num_envs)
         if ref is not None and ref.ok and ref.steps_per_s and ref.steps_per_s > best_rate:
-            lines.append(f"Note: the plain serial loop is faster here ({format_rate(ref.steps_per_s)} steps/s): "
-                         "this env is too cheap for parallel stepping to pay at this size; try more envs.")
+            lines.append(
+                f"Note: the plain serial loop is faster here ({format_rate(ref.steps_per_s)} steps/s): "
+                "this env is too cheap for parallel stepping to pay at this size; try more envs."
+            )
         lines += ["", "```python", self.code(), "```"]
         return "\n".join(lines)
 
@@ -254,8 +280,14 @@ def tune(
                 bar.advance()
         for c in cands:
             bar.show(f"num_envs={c.num_envs} " + ", ".join(f"{k}={v}" for k, v in c.kwargs().items()))
-            result.rows.append((c, measure(c.engine(), RunSpec(workload, c.num_envs, c.num_workers), timing,
-                                           action_space, timeout=120)))
+            result.rows.append(
+                (
+                    c,
+                    measure(
+                        c.engine(), RunSpec(workload, c.num_envs, c.num_workers), timing, action_space, timeout=120
+                    ),
+                )
+            )
             bar.advance()
 
     first = _grid(num_envs, workers)
@@ -269,9 +301,12 @@ def tune(
     run(first, sizes, bar)
     if num_envs is None and result.best is not None:
         b = result.best
-        extra = [Candidate(b.num_envs, b.num_workers, sim, spin)
-                 for sim in (True, False) for spin in (None, 0)
-                 if (sim, spin) != (True, None) and not (sim and b.num_workers == 1)]
+        extra = [
+            Candidate(b.num_envs, b.num_workers, sim, spin)
+            for sim in (True, False)
+            for spin in (None, 0)
+            if (sim, spin) != (True, None) and not (sim and b.num_workers == 1)
+        ]
         run(extra, [], bar)
     bar.finish()
     return result

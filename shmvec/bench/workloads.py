@@ -49,8 +49,9 @@ class AtariMake:
 
         gym.register_envs(ale_py)
         env = gym.make(f"ALE/{self.game}-v5", frameskip=1)
-        return FrameStackObservation(AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
-                                                        grayscale_obs=True), 4)
+        return FrameStackObservation(
+            AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True), 4
+        )
 
     def __repr__(self) -> str:
         return f"AtariMake({self.game!r})"
@@ -115,23 +116,65 @@ def _synthetic(cls_name: str, **kwargs: Any) -> Callable[[], gym.Env]:
 
 def _workloads() -> dict[str, Workload]:
     items = [
-        Workload("cartpole", "CartPole-v1", "cheap step (~5 us), tiny observation (4 floats)",
-                 GymMake("CartPole-v1"), envpool_id="CartPole-v1"),
-        Workload("atari-like", "Atari-like 84x84x4", "uint8 84x84x4 observation, near-free step",
-                 _synthetic("AtariLikeEnv")),
-        Workload("cost-100us", "100 us step", "every step spends 100 us of CPU, 8 floats observation",
-                 _synthetic("FixedCostEnv", step_us=100.0)),
-        Workload("heavy-tail", "heavy-tail 10us/5ms", "95 % of steps 10 us, 5 % 5 ms (seeded draws)",
-                 _synthetic("HeavyTailEnv", step_us=10.0, slow_us=5000.0, slow_prob=0.05)),
-        Workload("atari-pong", "Atari Pong", "ALE Pong, AtariPreprocessing + 4-frame stack (1 step = 4 frames)",
-                 AtariMake("Pong"), envpool_id="Pong-v5", requires=_ATARI, sizes=REAL_SIZES),
-        Workload("atari-breakout", "Atari Breakout", "ALE Breakout, AtariPreprocessing + 4-frame stack",
-                 AtariMake("Breakout"), envpool_id="Breakout-v5", requires=_ATARI, default=False,
-                 sizes=REAL_SIZES),
-        Workload("mujoco-halfcheetah", "MuJoCo HalfCheetah", "HalfCheetah-v5 (mujoco), 17 floats observation",
-                 GymMake("HalfCheetah-v5"), envpool_id="HalfCheetah-v5", requires=_MUJOCO, sizes=REAL_SIZES),
-        Workload("mujoco-ant", "MuJoCo Ant", "Ant-v5 (mujoco), 105 floats observation",
-                 GymMake("Ant-v5"), envpool_id="Ant-v5", requires=_MUJOCO, sizes=REAL_SIZES),
+        Workload(
+            "cartpole",
+            "CartPole-v1",
+            "cheap step (~5 us), tiny observation (4 floats)",
+            GymMake("CartPole-v1"),
+            envpool_id="CartPole-v1",
+        ),
+        Workload(
+            "atari-like", "Atari-like 84x84x4", "uint8 84x84x4 observation, near-free step", _synthetic("AtariLikeEnv")
+        ),
+        Workload(
+            "cost-100us",
+            "100 us step",
+            "every step spends 100 us of CPU, 8 floats observation",
+            _synthetic("FixedCostEnv", step_us=100.0),
+        ),
+        Workload(
+            "heavy-tail",
+            "heavy-tail 10us/5ms",
+            "95 % of steps 10 us, 5 % 5 ms (seeded draws)",
+            _synthetic("HeavyTailEnv", step_us=10.0, slow_us=5000.0, slow_prob=0.05),
+        ),
+        Workload(
+            "atari-pong",
+            "Atari Pong",
+            "ALE Pong, AtariPreprocessing + 4-frame stack (1 step = 4 frames)",
+            AtariMake("Pong"),
+            envpool_id="Pong-v5",
+            requires=_ATARI,
+            sizes=REAL_SIZES,
+        ),
+        Workload(
+            "atari-breakout",
+            "Atari Breakout",
+            "ALE Breakout, AtariPreprocessing + 4-frame stack",
+            AtariMake("Breakout"),
+            envpool_id="Breakout-v5",
+            requires=_ATARI,
+            default=False,
+            sizes=REAL_SIZES,
+        ),
+        Workload(
+            "mujoco-halfcheetah",
+            "MuJoCo HalfCheetah",
+            "HalfCheetah-v5 (mujoco), 17 floats observation",
+            GymMake("HalfCheetah-v5"),
+            envpool_id="HalfCheetah-v5",
+            requires=_MUJOCO,
+            sizes=REAL_SIZES,
+        ),
+        Workload(
+            "mujoco-ant",
+            "MuJoCo Ant",
+            "Ant-v5 (mujoco), 105 floats observation",
+            GymMake("Ant-v5"),
+            envpool_id="Ant-v5",
+            requires=_MUJOCO,
+            sizes=REAL_SIZES,
+        ),
     ]
     return {w.key: w for w in items}
 
