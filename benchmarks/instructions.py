@@ -6,7 +6,7 @@
 On a shared 2-core VM one engine's wall-clock windows differ by 20-40 % from one to the next,
 far more than the few percent that separate, say, ``rollout`` from a step loop on CartPole.
 Instructions retired do not move from run to run. Each engine is built as ``make bench`` builds
-it, but with ``num_workers=1`` and ``step_in_main=True`` (``RunSpec.in_process``): shmvec then
+it, but with ``num_workers=0`` and ``step_in_main=True`` (``RunSpec.in_process``): shmvec then
 steps its only block in the calling process, so callgrind sees all of the work, the envs' steps
 and the engine's own.
 
@@ -36,7 +36,7 @@ from shmvec.bench.workloads import get_workloads
 from shmvec.checks import usable_cores
 
 ENGINES = ["serial", "gym-sync", "shmvec", "shmvec-loop", "shmvec-rollout"]
-WITH_WORKERS = ["shmvec-main", "split-serial"]  # engines that start processes: only with --workers
+WITH_WORKERS = ["shmvec-main", "split-serial", "shmvec-async"]  # engines that start processes: only with --workers
 # (column title, engine, peer): instructions of the engine over the peer's
 RATIOS = [
     ("shmvec / serial", "shmvec", "serial"),
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str, int], float]:
         print(f"\ninstructions per env step (callgrind, the calling process and its {args.workers} workers, "
               "waits that block at once)")
     else:
-        print("\ninstructions per env step (callgrind, calling process, num_workers=1: every env in it)")
+        print("\ninstructions per env step (callgrind, calling process, num_workers=0: every env in it)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([{"workload": w, "engine": e, "num_envs": n, "instructions_per_env_step": v}

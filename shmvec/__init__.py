@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 # (which pulls in numba) is only loaded when it is used.
 _LAZY = {
     "ShmVecEnv": "shmvec.vector_env",
-    "make": "shmvec.vector_env",
+    "make": "shmvec.make_vec",
     "AsyncRollout": "shmvec.rollout",
     "BaselinesVecEnv": "shmvec.baselines",
     "SubprocVecEnv": "shmvec.baselines",  # BaselinesVecEnv's classic name; SB3's is shmvec.sb3.SubprocVecEnv
@@ -29,6 +29,7 @@ _LAZY = {
     "StepTimeout": "shmvec.errors",
     "PayloadError": "shmvec.errors",
     "ClosedError": "shmvec.errors",
+    "NothingInFlightError": "shmvec.errors",
     "NonFiniteError": "shmvec.errors",
     "ActorDied": "shmvec.errors",
     "gae": "shmvec.advantage",

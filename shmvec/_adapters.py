@@ -17,7 +17,7 @@ from __future__ import annotations
 import operator
 import traceback
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, SupportsIndex, cast
 
 import gymnasium as gym
 import numpy as np
@@ -110,18 +110,21 @@ def list_infos(
             continue
         # The top-level entries of an ended env belong to the reset that followed.
         reset_info = env_info(infos, i, _FINAL_KEYS)
-        if final_info is not None and has_final_info[i]:
-            info = env_info(final_info, i)
-        else:
-            info = {}
+        info = {}
+        if final_info is not None:
+            assert has_final_info is not None  # Gymnasium sets the mask "_final_info" with "final_info"
+            if has_final_info[i]:
+                info = env_info(final_info, i)
         if restarted is not None and restarted[i]:
             # ShmVecEnv(on_error="restart") replaced this env: flag it where users look.
             info["restarted"] = reset_info.pop("restarted", True)
         if reset_infos is not None:
             reset_infos[i] = reset_info
         info["TimeLimit.truncated"] = bool(truncated[i] and not terminated[i])
-        if final_obs is not None and has_final[i]:
-            info["terminal_observation"] = final_obs[i]
+        if final_obs is not None:
+            assert has_final is not None  # Gymnasium sets the mask "_final_obs" with "final_obs"
+            if has_final[i]:
+                info["terminal_observation"] = final_obs[i]
         out.append(info)
     return out
 
@@ -145,11 +148,12 @@ def env_indices(indices: None | int | slice | Iterable[int], num_envs: int) -> l
         return list(range(num_envs))
     if isinstance(indices, slice):
         return list(range(num_envs))[indices]
-    # operator.index takes exactly what a list index takes (int, numpy integer, 0-d int array).
+    # operator.index takes exactly what a list index takes (int, numpy integer, 0-d int array);
+    # what it refuses is read as an iterable of indices (the casts name what each branch tries).
     try:
-        wanted = [operator.index(indices)]
+        wanted = [operator.index(cast(SupportsIndex, indices))]
     except TypeError:
-        wanted = [operator.index(i) for i in indices]
+        wanted = [operator.index(i) for i in cast(Iterable[int], indices)]
     out = []
     for i in wanted:
         if not -num_envs <= i < num_envs:
@@ -181,7 +185,9 @@ def batched_actions(space: gym.Space, actions: Any, num_envs: int) -> Any:
     from gymnasium.vector.utils import concatenate, create_empty_array
 
     try:
-        return concatenate(space, actions, create_empty_array(space, num_envs))
+        out = create_empty_array(space, num_envs)
+        assert out is not None  # a dict (tuple) for a Dict (Tuple) space: None is for custom spaces only
+        return concatenate(space, actions, out)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ValueError(f"actions: expected one sample of {space} per env: {type(exc).__name__}: {exc}") from None
 

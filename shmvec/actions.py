@@ -65,11 +65,14 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray, np.ndarray | None], None
 
         return check_box
 
+    low: int | np.ndarray  # one bound for every element, or an array of them
+    high: int | np.ndarray
     if isinstance(space, gym.spaces.MultiBinary):
         low, high = 0, 2
     elif isinstance(space, gym.spaces.Discrete):
         low, high = int(space.start), int(space.start + space.n)
     else:
+        assert isinstance(space, gym.spaces.MultiDiscrete)  # the last fixed-size leaf space (see space_leaves)
         low, high = space.start, space.start + space.nvec
     low, high = np.asarray(low), np.asarray(high)
     scalar = bool((low == low.flat[0]).all() and (high == high.flat[0]).all()) if high.size else False

@@ -37,10 +37,16 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from shmvec._adapters import batched_actions, list_infos
-from shmvec.checks import positive_int
+from shmvec.checks import positive_int, refuse_fixed
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["BaselinesVecEnv", "SubprocVecEnv"]
+
+# The ShmVecEnv options that the classic API decides, and why.
+_FIXED = {
+    "autoreset_mode": "the classic API resets an env within the step that ends its episode (SAME_STEP)",
+    "batch_size": "the classic API steps every env in every step",
+}
 
 
 class BaselinesVecEnv:
@@ -87,9 +93,7 @@ class BaselinesVecEnv:
         **shmvec_kwargs: Any,
     ) -> None:
         del spaces  # classic signature only
-        for forced in ("autoreset_mode", "batch_size"):
-            if forced in shmvec_kwargs:
-                raise TypeError(f"BaselinesVecEnv sets {forced!r} itself (the classic API steps every env, SAME_STEP)")
+        refuse_fixed("BaselinesVecEnv", shmvec_kwargs, _FIXED)
         env_fns = list(env_fns)
         in_series = positive_int(in_series, "in_series")
         if num_workers is None and in_series > 1:

@@ -116,7 +116,8 @@ class SyntheticEnv(gym.Env):
             self.observation_space = spaces.Box(-1.0, 1.0, shape=self.obs_shape, dtype=self.obs_dtype)
         else:
             raise ValueError(f"obs_dtype must be uint8 or a float dtype, got {self.obs_dtype}")
-        self.action_space = spaces.Discrete(int(num_actions))
+        self._num_actions = int(num_actions)
+        self.action_space = spaces.Discrete(self._num_actions)
         self._state = np.zeros(self.obs_shape, dtype=self.obs_dtype)
         self._t = 0
         self._horizon = self.episode_steps
@@ -147,8 +148,8 @@ class SyntheticEnv(gym.Env):
         if self.obs_dtype == np.uint8:
             flat[self._t % flat.size] = (a * 37 + self._t) & 0xFF
         else:
-            flat[self._t % flat.size] = (a / max(1, self.action_space.n - 1)) * 2.0 - 1.0
-        reward = 1.0 if a == self._t % self.action_space.n else 0.0
+            flat[self._t % flat.size] = (a / max(1, self._num_actions - 1)) * 2.0 - 1.0
+        reward = 1.0 if a == self._t % self._num_actions else 0.0
         terminated = self._t >= self._horizon
         return self._state.copy(), reward, terminated, False, {}
 

@@ -1,8 +1,14 @@
-"""The exceptions shmvec raises in the main process."""
+"""The exceptions shmvec raises.
+
+Where Gymnasium has an exception for the same mistake, shmvec's derives from it, so code that
+catches Gymnasium's (``ClosedEnvironmentError``, ``NoAsyncCallError``) catches shmvec's too.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+from gymnasium.error import ClosedEnvironmentError, NoAsyncCallError
 
 
 class ShmVecError(RuntimeError):
@@ -10,12 +16,15 @@ class ShmVecError(RuntimeError):
 
 
 class WorkerError(ShmVecError):
-    """An exception raised by an environment inside a worker.
+    """An exception raised by an environment, in a worker or in the block the calling process steps.
 
     Attributes
     ----------
-    worker_index, env_index : int
-        Where it happened (``env_index`` is ``None`` when no single env was at fault).
+    worker_index : int or None
+        The worker process whose env raised; ``None`` for the block that the calling process
+        steps itself (``step_in_main=True``).
+    env_index : int or None
+        The env at fault (``None`` when no single env was).
     phase : str
         What the worker was doing: ``"construct"``, ``"reset"``, ``"step"``, ``"call"``, ...
     exc_type, remote_message : str
@@ -26,17 +35,15 @@ class WorkerError(ShmVecError):
 
     def __init__(self, report: dict[str, Any]) -> None:
         self.report = report
-        self.worker_index: int = report["worker_index"]
+        self.worker_index: int | None = report["worker_index"]
         self.env_index: int | None = report["env_index"]
         self.phase: str = report["phase"]
         self.exc_type: str = report["exc_type"]
         self.remote_message: str = report["message"]
         self.remote_traceback: str = report["traceback"]
-        where = (
-            f"env {self.env_index} (worker {self.worker_index})"
-            if self.env_index is not None
-            else f"worker {self.worker_index}"
-        )
+        where = "the calling process" if self.worker_index is None else f"worker {self.worker_index}"
+        if self.env_index is not None:
+            where = f"env {self.env_index} ({where})"
         super().__init__(
             f"{where} raised {self.exc_type} during {self.phase}: {self.remote_message}\n\n"
             f"Remote traceback:\n{self.remote_traceback}"
@@ -102,8 +109,18 @@ class StepTimeout(ShmVecError, TimeoutError):
     """A command did not finish within the vector env's ``timeout``; the stuck workers are stopped."""
 
 
-class ClosedError(ShmVecError):
+class ClosedError(ShmVecError, ClosedEnvironmentError):
     """The vector env was used after ``close()`` (or after a fault closed it)."""
+
+
+class NothingInFlightError(ShmVecError, NoAsyncCallError):
+    """``recv()`` was called with no env in flight: ``send()`` (or ``async_reset()``) comes first."""
+
+    def __init__(self, message: str) -> None:
+        NoAsyncCallError.__init__(self, message, "recv")
+
+    def __reduce__(self) -> tuple:
+        return type(self), (self.args[0],)
 
 
 class ActorDied(ShmVecError):
@@ -127,3 +144,9 @@ class ActorDied(ShmVecError):
 
     def __reduce__(self) -> tuple:
         return type(self), (self.actor_index, self.envs, self.node_ip, self.node_id, self.cause)
+
+
+class EnvObsError(ValueError):
+    """An env returned something that does not fit its declared space (raised where the env is
+    stepped: from a worker it comes back inside a :class:`WorkerError`).
+    """

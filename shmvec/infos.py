@@ -6,7 +6,7 @@ this function for both. It reproduces Gymnasium's rules exactly (tested against
 ``SyncVectorEnv``): every key gets an array of the batch's length plus a ``_key`` bool mask;
 the first value seen for a key picks the array's type (numbers: that dtype, arrays: that
 dtype and shape, anything else: an object array); nested dicts recurse; ``final_obs`` is
-always an object array.
+always an object array. :class:`InfoMerger` builds a step's infos from the envs' reports.
 """
 
 from __future__ import annotations
@@ -14,6 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
+
+from shmvec.stepper import Targets
+from shmvec.tree import Leaf, assemble
 
 
 def add_info(
@@ -90,3 +94,91 @@ def concat_infos(parts: list[dict[str, Any]], sizes: list[int]) -> dict[str, Any
             start += size
         out[key] = array
     return out
+
+
+class InfoMerger:
+    """Gymnasium's dict-of-arrays infos of a step, built from the envs' reports in env order,
+    exactly as ``SyncVectorEnv`` builds them.
+
+    Parameters
+    ----------
+    space : gymnasium.Space
+        The single (per-env) observation space, for ``final_obs``.
+    leaves : list of Leaf
+        Its leaves (``layout.obs_leaves``), in the order of the final observation views.
+    num_envs : int
+    """
+
+    def __init__(self, space: spaces.Space, leaves: list[Leaf], num_envs: int) -> None:
+        self.space = space
+        self.num_envs = num_envs
+        # infos["final_obs"] holds one env's observation as the env returned it, as SyncVectorEnv
+        # keeps it: envs give a Discrete observation as a Python int, any other fixed leaf as an
+        # array (0-d for a scalar Box), a pickled leaf as its object. Read back, each is made so again.
+        self._items = [
+            _object_item if leaf.pickled else _int_item if isinstance(leaf.space, spaces.Discrete) else _array_item
+            for leaf in leaves
+        ]
+
+    def merge(
+        self,
+        replies: list,
+        same_step: bool,
+        out: Targets,
+        restarted: list[int],
+        ids: range | np.ndarray | None = None,
+    ) -> dict[str, Any]:
+        """The infos of one step.
+
+        Parameters
+        ----------
+        replies : list
+            Each block's reply: ``None``, or ``[(env, final_info, info), ...]`` of the envs that
+            had something to report.
+        same_step : bool
+            The step ran under SAME_STEP autoreset: ended envs give ``final_obs``/``final_info``.
+        out : Targets
+            Where the step wrote its flags and final observations.
+        restarted : list of int
+            Envs that a restart replaced in this step (``infos["restarted"]``; no final obs).
+        ids : range or ndarray, optional
+            The envs of the batch (all envs when ``None``); info arrays are indexed by
+            position in the batch.
+        """
+        reports = {env: (final_info, info) for block in replies if block for env, final_info, info in block}
+        if not (reports or same_step or restarted):
+            return {}  # the usual step: nothing to say
+        terms, truncs = out.terminations, out.truncations
+        if ids is None:
+            size, pos = self.num_envs, None
+            ended = np.flatnonzero(terms | truncs).tolist() if same_step else []
+        else:
+            size = len(ids)
+            pos = {int(i): k for k, i in enumerate(ids)}
+            ended = [int(ids[k]) for k in np.flatnonzero(terms[ids] | truncs[ids])] if same_step else []
+        ended = [i for i in ended if i not in restarted]  # a restarted env has no final obs to give
+        infos: dict[str, Any] = {}
+        columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the envs' flat keys, once seen
+        for i in sorted(reports.keys() | set(ended) | set(restarted)):
+            k = i if pos is None else pos[i]
+            final_info, info = reports.get(i, (None, None))
+            if i in ended:
+                final_obs = assemble(self.space, [item(v, i) for v, item in zip(out.final_obs, self._items)])
+                add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, k, size)
+            if info:
+                add_info(infos, info, k, size, columns)
+            if i in restarted:
+                add_info(infos, {"restarted": True}, k, size)
+        return infos
+
+
+def _int_item(view: np.ndarray, i: int) -> int:
+    return view[i].item()
+
+
+def _array_item(view: np.ndarray, i: int) -> np.ndarray:
+    return view[i, ...].copy()
+
+
+def _object_item(view: np.ndarray, i: int) -> Any:
+    return view[i]

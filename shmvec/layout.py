@@ -24,7 +24,7 @@ from shmvec.tree import PICKLED, Leaf, space_leaves
 
 ALIGN = 64  # a cache line: arrays written by different processes never share one
 
-# Control block: one cache line (8 int64 words) per lane, then one for the main process.
+# Control block: one cache line (8 int64 words) per block, then one for the main process.
 CTRL_WORDS = 8
 
 
@@ -105,7 +105,7 @@ class Regions:
 
 
 def control_lines(views: dict) -> list[memoryview]:
-    """The ``ctrl`` region as one int64 memoryview per line (the lanes' lines, then main's).
+    """The ``ctrl`` region as one int64 memoryview per line (the blocks' lines, then main's).
 
     The hot paths poll and write single words; a memoryview item costs about a third of a
     numpy scalar's indexing and comes back as a plain ``int``.
@@ -119,19 +119,19 @@ class Layout(Regions):
 
     Regions (each ``[num_envs, ...]`` unless noted, each 64-byte aligned):
 
-    - ``ctrl``: ``[num_lanes + 1, 8]`` int64, one cache line per lane plus the main process
+    - ``ctrl``: ``[num_blocks + 1, 8]`` int64, one cache line per block plus the main process
     - ``obs/<i>``: one per observation leaf
     - ``final_obs/<i>``: one per observation leaf (same-step autoreset only)
     - ``act/<i>``: one per action leaf
     - ``rewards`` float64, ``terminations`` / ``truncations`` / ``autoreset`` bool
     - ``last_return`` float64, ``last_length`` int64, ``episode_count`` int64: the last finished one
-    - ``replies``: ``[num_lanes, REPLY_BYTES]`` uint8, each lane's last pickled reply (when it fits)
+    - ``replies``: ``[num_blocks, REPLY_BYTES]`` uint8, each block's last pickled reply (when it fits)
 
     The ``obs``, ``final_obs`` and ``act`` regions of pickled leaves are ``[num_envs]`` object
     arrays outside the segment (see the module docstring).
     """
 
-    num_lanes: int
+    num_blocks: int
 
     @classmethod
     def build(
@@ -139,18 +139,18 @@ class Layout(Regions):
         observation_space: spaces.Space,
         action_space: spaces.Space,
         num_envs: int,
-        num_lanes: int,
+        num_blocks: int,
         with_final_obs: bool,
     ) -> Layout:
         layout = cls(
             num_envs=num_envs,
-            num_lanes=num_lanes,
+            num_blocks=num_blocks,
             obs_leaves=space_leaves(observation_space),
             act_leaves=space_leaves(action_space),
             with_final_obs=with_final_obs,
         )
         n = num_envs
-        layout._add("ctrl", (num_lanes + 1, CTRL_WORDS), np.int64)
+        layout._add("ctrl", (num_blocks + 1, CTRL_WORDS), np.int64)
         layout._add_leaves((n,), (n,))
         layout._add("rewards", (n,), np.float64)
         layout._add("terminations", (n,), np.bool_)
@@ -159,7 +159,7 @@ class Layout(Regions):
         layout._add("last_return", (n,), np.float64)
         layout._add("last_length", (n,), np.int64)
         layout._add("episode_count", (n,), np.int64)
-        layout._add("replies", (num_lanes, REPLY_BYTES), np.uint8)
+        layout._add("replies", (num_blocks, REPLY_BYTES), np.uint8)
         return layout
 
 
@@ -175,7 +175,7 @@ class RolloutLayout(Regions):
     - ``act/<i>``: ``[T, N, ...]``, written by main before step ``t``
     - ``rewards`` float64, ``terminations`` / ``truncations`` bool: ``[T, N]``, written by step ``t``
 
-    A lane stepping row ``t`` reads ``act[t]`` and writes ``rewards[t]``, the flags,
+    A block stepping row ``t`` reads ``act[t]`` and writes ``rewards[t]``, the flags,
     ``final_obs[t]`` and ``obs[t + 1]``.
     """
 

@@ -1,10 +1,12 @@
-"""Command rounds over the lanes of a vector env: submit, wait, collect, and the main lane.
+"""Command rounds over the blocks of a vector env: submit, wait, collect.
 
-A :class:`WorkerPool` splits ``num_envs`` envs into contiguous lanes. Each lane is served by
-a worker process (:mod:`shmvec.processes`), so no env can take the calling process down. With
-``step_in_main`` (an opt-in speed mode) the last lane is a :class:`~shmvec.worker.Lane` stepped
-by the calling process itself while the workers step theirs, so on an N-core machine N lanes
-run at once and no core idles in a wait.
+A :class:`WorkerPool` splits ``num_envs`` envs into contiguous blocks. Each block is stepped
+by a worker process (:mod:`shmvec.processes`), so no env can take the calling process down.
+With ``step_in_main`` (an opt-in speed mode) one more block, the last, is stepped by the
+calling process itself while the workers step theirs, so on an N-core machine N blocks run at
+once and no core idles in a wait. Either way a command takes one path: :meth:`~WorkerPool.submit`
+starts it, :meth:`~WorkerPool.wait` runs the calling process's block (if it has one) and waits
+for the workers, :meth:`~WorkerPool.collect` takes statuses and replies.
 
 The pool knows nothing of the Gymnasium API: it runs protocol commands and returns replies.
 """
@@ -19,6 +21,7 @@ from enum import Enum
 from typing import Any
 
 import numpy as np
+from gymnasium.vector import AutoresetMode
 
 from shmvec import protocol as P
 from shmvec.blocks import split
@@ -28,24 +31,26 @@ from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.processes import WorkerProcesses, raise_construct_failure
 from shmvec.protocol import DONE, Command, Status
 from shmvec.segment import Segment
+from shmvec.stepper import Stepper, build_envs
 from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
-from shmvec.worker import Lane, build_envs
 
 # Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
 SENTINEL_CHECK_S = 0.02
 
+Failures = dict[int, Exception]  # block index -> what went wrong there
 
-def _pickle_payloads(payloads: list, lane_ids: list[int]) -> dict[int, bytes]:
-    """The worker lanes' payloads, pickled before any worker is told that one is coming: a payload
+
+def _pickle_payloads(payloads: list, block_ids: list[int]) -> dict[int, bytes]:
+    """The worker blocks' payloads, pickled before any worker is told that one is coming: a payload
     that cannot be pickled then fails with every worker still idle, instead of leaving them
-    waiting for it. A payload shared by several lanes (a ``call``'s arguments) is pickled once.
+    waiting for it. A payload shared by several blocks (a ``call``'s arguments) is pickled once.
     """
     from multiprocessing.reduction import ForkingPickler
 
     blobs: dict[int, bytes] = {}
     done: dict[int, bytes] = {}
-    for lane in lane_ids:
-        payload = payloads[lane]
+    for block in block_ids:
+        payload = payloads[block]
         if payload is not None:
             blob = done.get(id(payload))
             if blob is None:
@@ -53,33 +58,75 @@ def _pickle_payloads(payloads: list, lane_ids: list[int]) -> dict[int, bytes]:
                     blob = done[id(payload)] = bytes(ForkingPickler.dumps(payload))
                 except Exception as exc:
                     raise PayloadError(
-                        f"the arguments for worker {lane} cannot be pickled: {type(exc).__name__}: {exc}"
+                        f"the arguments for block {block} cannot be pickled: {type(exc).__name__}: {exc}"
                     ) from exc
-            blobs[lane] = blob
+            blobs[block] = blob
     return blobs
 
 
-class LaneState(Enum):
-    """Where a lane stands in the asynchronous API (synchronous rounds leave it IDLE)."""
+class BlockState(Enum):
+    """Where a block stands in the asynchronous API (synchronous rounds leave it IDLE)."""
 
     IDLE = "idle"  # nothing submitted, or its results received
     IN_FLIGHT = "in flight"  # a command submitted with :meth:`WorkerPool.submit`, its results not received
 
 
+class PoolState(Enum):
+    """The pool's life: OPEN serves commands; BROKEN (a fault left workers in an unknown state)
+    and CLOSED serve none (only :meth:`WorkerPool.shutdown`, which leaves CLOSED).
+    """
+
+    OPEN = "open"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+class MainBlock:
+    """The block the calling process steps (``step_in_main``), driven like a worker's.
+
+    :meth:`WorkerPool.submit` parks a command here, :meth:`WorkerPool.wait` runs it (in this
+    process, while the workers step theirs), :meth:`WorkerPool.collect` takes its result: the
+    same path for synchronous and asynchronous rounds.
+    """
+
+    __slots__ = ("index", "stepper", "pending", "result")
+
+    def __init__(self, index: int, stepper: Stepper) -> None:
+        self.index = index
+        self.stepper = stepper
+        self.pending: tuple[int, Any, int] | None = None  # (cmd, payload, arg) submitted, not run yet
+        self.result: tuple[Any, Exception | None] | None = None  # (reply, failure) run, not collected yet
+
+    def run_pending(self) -> None:
+        """Run the submitted command; keep its ``(reply, failure)`` for :meth:`take`."""
+        (cmd, payload, arg), self.pending = self.pending, None  # type: ignore[misc]
+        stepper = self.stepper
+        try:
+            self.result = stepper.run(cmd, payload, arg), None
+        except Exception as exc:
+            report = P.error_report(exc, self.index, stepper.current, P.phase(cmd))
+            report["worker_index"] = None  # no worker: the calling process stepped it
+            self.result = None, WorkerError(report)
+
+    def take(self) -> tuple[Any, Exception | None]:
+        result, self.result = self.result, None
+        return result if result is not None else (None, None)
+
+
 class WorkerPool:
-    """Lanes of envs stepped in one shared-memory segment, by worker processes (and the caller).
+    """Blocks of envs stepped in one shared-memory segment, by worker processes (and the caller).
 
     Parameters
     ----------
     env_fns : sequence of callables returning ``gymnasium.Env``
-    num_lanes : int
-        Lanes stepped in parallel (``1 <= num_lanes <= len(env_fns)``).
+    num_workers : int
+        Worker processes, each stepping one block (``0`` only with ``step_in_main``).
     step_in_main : bool
-        Whether the calling process steps the last lane itself.
+        Whether the calling process steps one more block, the last, itself.
     context : str or None
         ``multiprocessing`` start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
-    autoreset_mode : str
-        Gymnasium's autoreset mode value (``"NextStep"``, ``"SameStep"``, ``"Disabled"``).
+    autoreset_mode : AutoresetMode
+        Gymnasium's autoreset mode, which the steppers apply.
     timeout : float or None
         Seconds a command may take (construction too) before :class:`StepTimeout`.
     spin_us : float or None
@@ -90,36 +137,34 @@ class WorkerPool:
     def __init__(
         self,
         env_fns: Sequence[Callable[[], Any]],
-        num_lanes: int,
+        num_workers: int,
         step_in_main: bool,
         context: str | None,
-        autoreset_mode: str,
+        autoreset_mode: AutoresetMode,
         timeout: float | None,
         spin_us: float | None = None,
     ) -> None:
         self.num_envs = len(env_fns)
-        self.lanes: list[range] = split(self.num_envs, num_lanes)  # the envs of each lane
-        num_workers = num_lanes - 1 if step_in_main else num_lanes
-        self.worker_lanes: list[int] = list(range(num_workers))  # the lanes served by worker processes
-        self.main_lane: int | None = num_lanes - 1 if step_in_main else None  # the caller's lane
+        num_blocks = num_workers + (1 if step_in_main else 0)
+        self.blocks: list[range] = split(self.num_envs, num_blocks)  # the envs of each block
+        self.worker_blocks: list[int] = list(range(num_workers))  # the blocks stepped by worker processes
+        self.main_index: int | None = num_workers if step_in_main else None  # the caller's block
         self.timeout = timeout
         self.autoreset_mode = autoreset_mode
-        self.closed = False
-        self.broken = False  # a fault left workers in an unknown state: only shutdown is allowed
+        self.state = PoolState.OPEN
 
         # Spinning pays only for a waiter with a core of its own. Workers wait for GO while
-        # main is between steps (or, stepping a lane itself, busy as they are). Main waits for
-        # DONE while the lanes run: with a core of its own it spins long; sharing the cores
+        # main is between steps (or, stepping a block itself, busy as they are). Main waits for
+        # DONE while the blocks run: with a core of its own it spins long; sharing the cores
         # with as many workers as cores (every env in a worker, the default) it spins briefly,
         # yielding its core every few polls, which catches a cheap step's round trip without a
-        # kernel wake-up (measured on 2 cores, CartPole at 8/32/128 envs: 1.49x/1.20x/1.05x the
-        # speed of blocking at once; 150 us beat 50 and matched 400 and 2000).
+        # kernel wake-up (docs/architecture.md has the measurements behind these budgets).
         cores = usable_cores()
-        worker_spin = 2000.0 if num_lanes <= cores else 0.0
+        worker_spin = 2000.0 if num_blocks <= cores else 0.0
         if num_workers + 1 <= cores:
             main_spin = 2000.0
         else:
-            main_spin = 150.0 if num_lanes <= cores else 0.0
+            main_spin = 150.0 if num_blocks <= cores else 0.0
         if spin_us is not None:
             worker_spin = main_spin = float(spin_us)
         oversubscribed = num_workers + 1 > cores
@@ -128,14 +173,13 @@ class WorkerPool:
         self._next_sentinel_check = 0.0
 
         # Filled in by the set-up below.
-        self.spaces: P.Spaces | None = None  # what every env reported: spaces, metadata, render mode, spec
-        self.layout: Layout | None = None
+        self.spaces: P.Spaces  # what every env reported: spaces, metadata, render mode, spec
+        self.layout: Layout
         self.views: dict[str, np.ndarray] = {}
         self.lines: list[memoryview] = []  # one int64 memoryview per control line: a third of a numpy scalar's cost
-        self.replies: list[memoryview] = []  # each lane's row of the replies region
-        self.main_line: memoryview | None = None
-        self.main: Lane | None = None  # the envs of the main lane, stepped by this process
-        self._main_envs: list = []  # the main lane's envs while the set-up runs
+        self.replies: list[memoryview] = []  # each block's row of the replies region
+        self.main_line: memoryview
+        self.main: MainBlock | None = None  # the block stepped by this process
         self._segment: Segment | None = None
         self.rollout: Segment | None = None  # the rollout segment, once attach_rollout made one
         # Pickled leaves (variable-size spaces): the action regions a STEP sends each worker in
@@ -143,66 +187,69 @@ class WorkerPool:
         self._pickled_act: list[str] = []
         self._pickled_obs = False
 
-        # Command rounds. Per lane, the main one included: its asynchronous state, the sequence
+        # Command rounds. Per block, the main one included: its asynchronous state, the sequence
         # number it must reach, its last command, and perf_counter() of its last submission.
         self.seq = 0
-        self.states = [LaneState.IDLE] * num_lanes
-        self._target = [0] * num_lanes
-        self.commands: list[int] = [0] * num_lanes
-        self._submitted = [0.0] * num_lanes
-        self._all_seq: int | None = None  # set while every worker lane's target is this one number
+        self.states = [BlockState.IDLE] * num_blocks
+        self._target = [0] * num_blocks
+        self.commands: list[int] = [0] * num_blocks
+        self._submitted = [0.0] * num_blocks
+        self._all_seq: int | None = None  # set while every worker block's target is this one number
         self._all_done: Callable[[], bool] = lambda: False  # see _set_up
-        # Asynchronous rounds: the main lane's command submitted but not run yet, and once
-        # wait() ran it, its (reply, failure) until collect takes it.
-        self._main_pending: tuple[int, Any, int] | None = None  # (cmd, payload, arg)
-        self._main_result: tuple[Any, Exception | None] | None = None
 
-        self._env_fns = env_fns  # the main lane's are called again by a restart
-        self.workers = WorkerProcesses(env_fns, self.lanes[:num_workers], context)
+        self._env_fns = env_fns  # the main block's are called again by a restart
+        self.workers = WorkerProcesses(env_fns, self.blocks[:num_workers], context)
         self.context = self.workers.context
         try:
-            for lane in self.worker_lanes:
-                self.workers.start(lane)
+            for block in self.worker_blocks:
+                self.workers.start(block)
             self._set_up()
         except BaseException:
-            self.broken = True
+            self.state = PoolState.BROKEN
             self.shutdown(timeout=1.0)
             raise
 
     # -- set-up ----------------------------------------------------------------------------
     def _set_up(self) -> None:
-        """The handshake (see ``docs/architecture.md``): spaces from every lane, the segment,
+        """The handshake (see ``docs/architecture.md``): spaces from every block, the segment,
         then every worker attached to it.
         """
+        main_envs = self._build_main_envs() if self.main_index is not None else []
+        try:
+            self._handshake(main_envs)
+        except BaseException:
+            if self.main is None:  # the main block's envs were built but never handed over
+                _close_all(main_envs)
+            raise
+
+    def _handshake(self, main_envs: list) -> None:
         deadline = self._deadline()
-        found = []  # (first env, Spaces) of each lane
-        if self.main_lane is not None:
-            self._main_envs = self._build_main_envs()
-            found.append((self.lanes[-1].start, P.Spaces.of(self._main_envs[0])))
-        found += [(self.lanes[lane].start, self.workers.spaces(lane, deadline)) for lane in self.worker_lanes]
+        found: list[tuple[int, P.Spaces]] = []  # (first env, Spaces) of each block
+        if main_envs:
+            found.append((self.blocks[-1].start, P.Spaces.of(main_envs[0])))
+        found += [(self.blocks[b].start, self.workers.spaces(b, deadline)) for b in self.worker_blocks]
         found.sort(key=lambda f: f[0])
-        spaces = found[0][1]
+        self.spaces = found[0][1]
         for start, other in found[1:]:
-            self._check_spaces(start, other, spaces)
-        self.spaces = spaces
+            self._check_spaces(start, other)
 
         self.layout = Layout.build(
-            spaces.observation_space,
-            spaces.action_space,
+            self.spaces.observation_space,
+            self.spaces.action_space,
             self.num_envs,
-            len(self.lanes),
-            with_final_obs=self.autoreset_mode == "SameStep",
+            len(self.blocks),
+            with_final_obs=self.autoreset_mode is AutoresetMode.SAME_STEP,
         )
         self._segment = Segment(self.layout)
         self.views = self._segment.views
         self._pickled_act = self.layout.pickled("act/")
         self._pickled_obs = bool(self.layout.pickled("obs/"))
         self.lines = control_lines(self.views)
-        self.main_line = self.lines[len(self.lanes)]
+        self.main_line = self.lines[len(self.blocks)]
         self.replies = [memoryview(row) for row in self.views["replies"]]
-        worker_lines = self.lines[: len(self.worker_lanes)]
+        worker_lines = self.lines[: len(self.worker_blocks)]
 
-        def all_done() -> bool:  # every worker lane reached _all_seq (what a sync round waits for)
+        def all_done() -> bool:  # every worker block reached _all_seq (what a sync round waits for)
             seq = self._all_seq
             for line in worker_lines:
                 if line[DONE] != seq:
@@ -210,36 +257,32 @@ class WorkerPool:
             return True
 
         self._all_done = all_done
-        for lane in self.worker_lanes:
-            self._attach(lane)
-        for lane in self.worker_lanes:
-            self.workers.ready(lane, deadline)
-        if self.main_lane is not None:
-            self.main = self._main(self._main_envs)
-            self._main_envs = []
+        for block in self.worker_blocks:
+            self._attach(block)
+        for block in self.worker_blocks:
+            self.workers.ready(block, deadline)
+        if self.main_index is not None:
+            self.main = MainBlock(self.main_index, self._stepper(main_envs))
 
     def _build_main_envs(self) -> list:
-        envs = self.lanes[-1]
-        built = build_envs(self._env_fns[envs.start : envs.stop], envs.start, len(self.lanes) - 1)
-        raise_construct_failure(built, envs.start)
+        envs = self.blocks[-1]
+        built = build_envs(self._env_fns[envs.start : envs.stop], envs.start, len(self.blocks) - 1)
+        raise_construct_failure(built)
+        assert isinstance(built, list)
         return built
 
     def _deadline(self) -> float | None:
         return None if self.timeout is None else time.monotonic() + max(self.timeout, 30.0)
 
-    @staticmethod
-    def _check_spaces(start: int, found: P.Spaces, spaces: P.Spaces) -> None:
-        if found.observation_space != spaces.observation_space:
-            raise ValueError(
-                f"env {start} has observation_space {found.observation_space}, but env 0 has {spaces.observation_space}"
-            )
-        if found.action_space != spaces.action_space:
-            raise ValueError(f"env {start} has action_space {found.action_space}, but env 0 has {spaces.action_space}")
+    def _check_spaces(self, start: int, found: P.Spaces) -> None:
+        why = found.mismatch(start, self.spaces, 0)
+        if why is not None:
+            raise ValueError(why)
 
-    def _main(self, envs: list) -> Lane:
-        main = Lane(
+    def _stepper(self, envs: list) -> Stepper:
+        stepper = Stepper(
             envs,
-            self.lanes[-1].start,
+            self.blocks[-1].start,
             self.layout,
             self.views,
             self.autoreset_mode,
@@ -247,233 +290,240 @@ class WorkerPool:
             self.spaces.action_space,
         )
         if self.rollout is not None:
-            main.attach_rollout((self.rollout.layout, self.rollout.mapping))
-        return main
+            stepper.attach_rollout((self.rollout.layout, self.rollout.mapping))
+        return stepper
 
-    def _attach(self, lane: int) -> None:
-        self.workers.attach(lane, P.Attach(self.layout, self.autoreset_mode, self._worker_spin), self._segment.fd)
+    def _attach(self, block: int) -> None:
+        assert self._segment is not None and self._segment.fd is not None
+        self.workers.attach(block, P.Attach(self.layout, self.autoreset_mode, self._worker_spin), self._segment.fd)
 
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the worker processes (empty once shut down)."""
-        return [] if self.closed else [p.pid for p in self.workers.procs if p is not None]
+        if self.state is PoolState.CLOSED:
+            return []
+        return [p.pid for p in self.workers.procs if p is not None]
 
-    def restart_lane(self, lane: int) -> None:
-        """Replace the envs of ``lane`` with new ones (a new worker process for a worker lane).
+    def restart_block(self, block: int) -> None:
+        """Replace the envs of ``block`` with new ones (a new worker process for a worker block).
 
         The new envs are built but not reset. Raises like construction does if that fails.
         """
-        if lane == self.main_lane:
-            for env in self.main.envs:
-                try:
-                    env.close()
-                except Exception:
-                    pass
+        if self.main is not None and block == self.main.index:
+            _close_all(self.main.stepper.envs)
             envs = self._build_main_envs()
             try:
-                self._check_spaces(self.lanes[lane].start, P.Spaces.of(envs[0]), self.spaces)
+                self._check_spaces(self.blocks[block].start, P.Spaces.of(envs[0]))
             except ValueError:
-                for env in envs:
-                    env.close()
+                _close_all(envs)
                 raise
-            self.main = self._main(envs)
+            self.main.stepper = self._stepper(envs)
             return
-        self.workers.stop(lane)
+        self.workers.stop(block)
         # The new worker starts from the current sequence number, with nothing pending.
-        line = self.lines[lane]
-        line[P.GO] = line[DONE] = self._target[lane] = self.seq
+        line = self.lines[block]
+        line[P.GO] = line[DONE] = self._target[block] = self.seq
         line[P.SLEEPING] = 0
         self._all_seq = None
-        self.workers.start(lane)
+        self.workers.start(block)
         deadline = self._deadline()
-        self._check_spaces(self.lanes[lane].start, self.workers.spaces(lane, deadline), self.spaces)
-        self._attach(lane)
-        self.workers.ready(lane, deadline)
+        self._check_spaces(self.blocks[block].start, self.workers.spaces(block, deadline))
+        self._attach(block)
+        self.workers.ready(block, deadline)
         if self.rollout is not None:
-            _, failures = self._attach_rollout([lane])
+            _, failures = self._attach_rollout([block])
             self.raise_first(failures)
 
     def attach_rollout(self, num_steps: int) -> Segment:
-        """Create the rollout segment for ``num_steps`` steps and hand it to every lane.
+        """Create the rollout segment for ``num_steps`` steps and hand it to every block.
 
         A previous rollout segment is dropped (views of it stay valid while they live). Raises
-        what the round raised if a lane fails to map it (the pool is then broken).
+        what the round raised if a block fails to map it (the pool is then broken).
         """
         old, self.rollout = self.rollout, Segment(RolloutLayout.build(self.layout, num_steps))
         if old is not None:
             old.close()
-        _, failures = self._attach_rollout(list(range(len(self.lanes))))
+        _, failures = self._attach_rollout(list(range(len(self.blocks))))
         if failures:
-            self.broken = True
+            self.state = PoolState.BROKEN
             self.raise_first(failures)
         return self.rollout
 
-    def _attach_rollout(self, lane_ids: list[int]) -> tuple[list, dict[int, Exception]]:
+    def _attach_rollout(self, block_ids: list[int]) -> tuple[list, Failures]:
         rollout = self.rollout
-        payloads: list[Any] = [rollout.layout] * len(self.lanes)
+        assert rollout is not None
+        payloads: list[Any] = [rollout.layout] * len(self.blocks)
         if self.main is not None:
             payloads[-1] = (rollout.layout, rollout.mapping)
-        return self.run(Command.ROLLOUT_ATTACH, payloads, lane_ids=lane_ids, fd=rollout.fd)
+        return self.run(Command.ROLLOUT_ATTACH, payloads, block_ids=block_ids, fd=rollout.fd)
 
     # -- command rounds ----------------------------------------------------------------------
-    # A round is submit (signal the lanes), then wait (for all, or for some in async mode),
+    # A round is submit (signal the blocks), then wait (for all, or for some in async mode),
     # then collect (statuses and the rare pickled replies). Sync `run` is the three in a row.
 
     def submit(
         self,
         cmd: int,
-        lane_ids: list[int],
+        block_ids: list[int],
         payloads: list | None = None,
         arg: int = 0,
         fd: int | None = None,
-        state: LaneState = LaneState.IN_FLIGHT,
+        state: BlockState = BlockState.IN_FLIGHT,
     ) -> None:
-        """Start ``cmd`` (with argument ``arg``) on the lanes ``lane_ids`` and put them in ``state``;
+        """Start ``cmd`` (with argument ``arg``) on the blocks ``block_ids`` and put them in ``state``;
         ``fd`` is a descriptor that follows each payload on the pipe.
 
-        Asynchronous rounds leave the lanes IN_FLIGHT until :meth:`receive` takes their
-        results; :meth:`run` submits with IDLE, as it collects them itself. Worker lanes start
-        and run on their own. The main lane, if listed, is kept for :meth:`wait` to run, and
+        Asynchronous rounds leave the blocks IN_FLIGHT until :meth:`receive` takes their
+        results; :meth:`run` submits with IDLE, as it collects them itself. Worker blocks start
+        and run on their own. The main block, if listed, is parked for :meth:`wait` to run, and
         its result for :meth:`collect` to take.
         """
-        if self.closed or self.broken:
-            raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
-        main = self.main_lane
-        if main is not None and main in lane_ids:
-            lane_ids = [lane for lane in lane_ids if lane != main]
+        if self.state is not PoolState.OPEN:
+            raise ClosedError(
+                "this vector env is closed" + (" after a worker fault" if self.state is PoolState.BROKEN else "")
+            )
+        main = self.main
+        if main is not None and main.index in block_ids:
+            block_ids = [b for b in block_ids if b != main.index]
         else:
             main = None
         if self._pickled_act and cmd == Command.STEP:
-            payloads = self._action_payloads(lane_ids)
-        blobs = None if payloads is None else _pickle_payloads(payloads, lane_ids)
+            payloads = self._action_payloads(block_ids)
+        blobs = None if payloads is None else _pickle_payloads(payloads, block_ids)
         seq = self.seq = self.seq + 1
         lines, target, commands, states = self.lines, self._target, self.commands, self.states
         submitted, now = self._submitted, time.perf_counter()
-        for lane in lane_ids:
-            line = lines[lane]
+        for block in block_ids:
+            line = lines[block]
             line[P.CMD] = cmd
             line[P.ARG] = arg
-            line[P.PAYLOAD] = 1 if payloads is not None and payloads[lane] is not None else 0
-            target[lane] = seq
-            submitted[lane] = now
-            commands[lane] = cmd
-            states[lane] = state
-        fence()
-        for lane in lane_ids:
-            lines[lane][P.GO] = seq
-        self._all_seq = seq if len(lane_ids) == len(self.worker_lanes) else None
-        fence()
-        wake_fds = self.workers.wake_fds
-        for lane in lane_ids:
-            if lines[lane][P.SLEEPING]:
-                ring(wake_fds[lane])
-        if blobs is not None:
-            for lane in lane_ids:
-                if lane in blobs:
-                    self.workers.send(lane, blobs[lane], fd)
+            line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
+            target[block] = seq
+            submitted[block] = now
+            commands[block] = cmd
+            states[block] = state
+        if block_ids:
+            fence()
+            for block in block_ids:
+                lines[block][P.GO] = seq
+            self._all_seq = seq if len(block_ids) == len(self.worker_blocks) else None
+            fence()
+            wake_fds = self.workers.wake_fds
+            for block in block_ids:
+                if lines[block][P.SLEEPING]:
+                    ring(wake_fds[block])
+            if blobs is not None:
+                for block in block_ids:
+                    if block in blobs:
+                        self.workers.send(block, blobs[block], fd)
         if main is not None:
-            # Deferred to wait(): the main process steps its lane while it would otherwise
-            # wait for the workers, and only then, so it keeps handing out their batches first.
-            target[main], commands[main], states[main] = seq, cmd, state
-            self._main_pending = (cmd, None if payloads is None else payloads[main], arg)
+            # Run in wait(): the main process steps its block while it would otherwise wait
+            # for the workers, and only then, so it keeps handing out their batches first.
+            m = main.index
+            target[m], commands[m], states[m] = seq, cmd, state
+            main.pending = (cmd, None if payloads is None else payloads[m], arg)
 
-    def _action_payloads(self, lane_ids: list[int]) -> list[dict[str, np.ndarray] | None]:
-        """Each worker lane's slice of the pickled action regions (``None`` for other lanes)."""
-        payloads: list[dict[str, np.ndarray] | None] = [None] * len(self.lanes)
-        for lane in lane_ids:
-            sl = slice(self.lanes[lane].start, self.lanes[lane].stop)
-            payloads[lane] = {name: self.views[name][sl] for name in self._pickled_act}
+    def _action_payloads(self, block_ids: list[int]) -> list[dict[str, np.ndarray] | None]:
+        """Each worker block's slice of the pickled action regions (``None`` for other blocks)."""
+        payloads: list[dict[str, np.ndarray] | None] = [None] * len(self.blocks)
+        for block in block_ids:
+            sl = slice(self.blocks[block].start, self.blocks[block].stop)
+            payloads[block] = {name: self.views[name][sl] for name in self._pickled_act}
         return payloads
 
-    def _absorb(self, lane: int, reply: tuple) -> Any:
-        """Copy the pickled observation regions that worker ``lane`` sent with a STEP or RESET
+    def _absorb(self, block: int, reply: tuple) -> Any:
+        """Copy the pickled observation regions that worker ``block`` sent with a STEP or RESET
         reply into this process's arrays; return the reply's own part (infos or ``None``).
         """
         reply, regions = reply
-        sl = slice(self.lanes[lane].start, self.lanes[lane].stop)
+        sl = slice(self.blocks[block].start, self.blocks[block].stop)
         for name, values in regions.items():
             self.views[name][sl] = values
         return reply
 
-    def receive(self, count: int) -> tuple[list[int], dict[int, Any], dict[int, Exception]]:
-        """Wait until ``count`` of the lanes in flight finished (all of them if fewer are in
+    def receive(self, count: int) -> tuple[list[int], dict[int, Any], Failures]:
+        """Wait until ``count`` of the blocks in flight finished (all of them if fewer are in
         flight; at least one must be); take their results.
 
-        Returns ``(ready, replies, failures)``: the lanes taken, in lane order, which are IDLE
+        Returns ``(ready, replies, failures)``: the blocks taken, in block order, which are IDLE
         again; the replies of those that sent one; the failures (as :meth:`run` reports them).
-        A failed lane counts as finished. When more than ``count`` lanes are done, failures
-        come first (not to be lost), then the oldest submissions: a lane that keeps finishing
+        A failed block counts as finished. When more than ``count`` blocks are done, failures
+        come first (not to be lost), then the oldest submissions: a block that keeps finishing
         fast cannot starve the others.
         """
-        states, in_flight = self.states, LaneState.IN_FLIGHT
-        flying = [lane for lane, state in enumerate(states) if state is in_flight]
+        states, in_flight = self.states, BlockState.IN_FLIGHT
+        flying = [block for block, state in enumerate(states) if state is in_flight]
         count = min(count, len(flying))
         failures = self.wait(flying, count, self.timeout)
-        lines, target, num_workers = self.lines, self._target, len(self.worker_lanes)
-        ready = [
-            lane
-            for lane in flying  # in lane order
-            if (lines[lane][DONE] == target[lane] if lane < num_workers else self._main_result is not None)
-        ]
+        ready = [block for block in flying if self._finished(block)]  # in block order
         if failures:
             ready = sorted(set(ready) | set(failures))
         if len(ready) > count:
-            ready = sorted(sorted(ready, key=lambda lane: (lane not in failures, target[lane]))[:count])
-        failures = {lane: e for lane, e in failures.items() if lane in ready}
-        replies, failed = self.collect([lane for lane in ready if lane not in failures], self.timeout)
+            target = self._target
+            ready = sorted(sorted(ready, key=lambda b: (b not in failures, target[b]))[:count])
+        failures = {b: e for b, e in failures.items() if b in ready}
+        replies, failed = self.collect([b for b in ready if b not in failures], self.timeout)
         failures.update(failed)
-        idle = LaneState.IDLE
-        for lane in ready:
-            states[lane] = idle
+        idle = BlockState.IDLE
+        for block in ready:
+            states[block] = idle
         return ready, replies, failures
 
-    def wait(self, lane_ids: list[int], count: int, timeout: float | None) -> dict[int, Exception]:
-        """Spin, then block, until ``count`` lanes of ``lane_ids`` have finished or failed.
+    def _finished(self, block: int) -> bool:
+        main = self.main
+        if main is not None and block == main.index:
+            return main.result is not None
+        return self.lines[block][DONE] == self._target[block]
+
+    def wait(self, block_ids: list[int], count: int, timeout: float | None) -> Failures:
+        """Spin, then block, until ``count`` blocks of ``block_ids`` have finished or failed.
 
         Returns the failures (dead or timed-out workers, which count as finished). The main
-        lane's submitted command runs here, unless ``count`` worker lanes submitted before it
+        block's submitted command runs here, unless ``count`` worker blocks submitted before it
         have finished already (they are what the caller gets first).
         """
-        failures: dict[int, Exception] = {}
-        main = self.main_lane
-        if main is not None and main in lane_ids:
-            lane_ids = [lane for lane in lane_ids if lane != main]
-            if self._main_pending is not None:
-                target, lines, mine = self._target, self.lines, self._target[main]
-                older = sum(1 for lane in lane_ids if target[lane] < mine and lines[lane][DONE] == target[lane])
+        failures: Failures = {}
+        main = self.main
+        if main is not None and main.index in block_ids:
+            m = main.index
+            block_ids = [b for b in block_ids if b != m]
+            if main.pending is not None:
+                target, lines, mine = self._target, self.lines, self._target[m]
+                older = sum(1 for b in block_ids if target[b] < mine and lines[b][DONE] == target[b])
                 if older < count:
-                    (cmd, payload, arg), self._main_pending = self._main_pending, None
-                    self._main_result = self.run_main(cmd, payload, arg)
+                    try:
+                        main.run_pending()
+                    except BaseException:  # KeyboardInterrupt, SystemExit: the block is half stepped
+                        self.state = PoolState.BROKEN
+                        raise
                     count -= 1
             else:
                 count -= 1
-        if count > 0 and lane_ids:
-            self._wait_workers(lane_ids, count, timeout, failures)
-        if count < len(lane_ids):
-            # The caller is served while some lanes are still out: look at those anyway.
-            self._check_late(lane_ids, failures, timeout, time.perf_counter())
+        if count > 0 and block_ids:
+            self._wait_workers(block_ids, count, timeout, failures)
+        if count < len(block_ids):
+            # The caller is served while some blocks are still out: look at those anyway.
+            self._check_late(block_ids, failures, time.perf_counter())
         return failures
 
-    def _wait_workers(
-        self, lane_ids: list[int], count: int, timeout: float | None, failures: dict[int, Exception]
-    ) -> None:
-        """Spin, then block, until ``count`` worker lanes of ``lane_ids`` have finished or
+    def _wait_workers(self, block_ids: list[int], count: int, timeout: float | None, failures: Failures) -> None:
+        """Spin, then block, until ``count`` worker blocks of ``block_ids`` have finished or
         failed (the failures go into ``failures``).
         """
         policy = self._wait_policy
         t0 = time.perf_counter()
         # The common case spins on a cheaper test built once: every worker, one sequence number.
-        every_worker = count >= len(lane_ids) == len(self.worker_lanes) and self._all_seq is not None
+        every_worker = count >= len(block_ids) == len(self.worker_blocks) and self._all_seq is not None
         if every_worker and spin_until(self._all_done, policy):
             policy.update(time.perf_counter() - t0)
             fence()
             return
         lines, target = self.lines, self._target
 
-        def ready() -> bool:  # failed lanes count as finished
+        def ready() -> bool:  # failed blocks count as finished
             n = len(failures)
-            for lane in lane_ids:
-                if lines[lane][DONE] == target[lane] and lane not in failures:
+            for block in block_ids:
+                if lines[block][DONE] == target[block] and block not in failures:
                     n += 1
             return n >= count
 
@@ -481,160 +531,134 @@ class WorkerPool:
             policy.update(time.perf_counter() - t0)
             fence()
             return
-        submitted, workers, procs = self._submitted, self.workers, self.workers.procs
+        submitted, procs = self._submitted, self.workers.procs
         while True:
-            watch = [lane for lane in lane_ids if lane not in failures and lines[lane][DONE] != target[lane]]
+            watch = [b for b in block_ids if b not in failures and lines[b][DONE] != target[b]]
             remaining = None
-            if timeout is not None and watch:  # each lane's timeout counts from its submission
-                remaining = max(0.0, min(submitted[lane] for lane in watch) + timeout - time.perf_counter())
+            if timeout is not None and watch:  # each block's timeout counts from its submission
+                remaining = max(0.0, min(submitted[b] for b in watch) + timeout - time.perf_counter())
             try:
                 dead = block_until(
-                    ready, self.main_line, workers.done_fd, [procs[lane].sentinel for lane in watch], remaining
+                    ready, self.main_line, self.workers.done_fd, [procs[b].sentinel for b in watch], remaining
                 )
             except TimeoutError:
-                now = time.perf_counter()
-                for lane in watch:
-                    if lines[lane][DONE] != target[lane] and now - submitted[lane] >= timeout - 1e-3:
-                        failures[lane] = workers.stop_overdue(lane, timeout)
-                if ready():
-                    break
-                continue
-            for lane in watch:
-                if procs[lane].sentinel in dead and lines[lane][DONE] != target[lane]:
-                    failures[lane] = workers.died(lane)
-            if not dead or ready():
+                dead = []
+            self._lost(watch, dead, time.perf_counter(), timeout, failures)
+            if ready():
                 break
         policy.update(time.perf_counter() - t0)
         fence()
 
-    def _check_late(
-        self, lane_ids: list[int], failures: dict[int, Exception], timeout: float | None, now: float
-    ) -> None:
-        """Add to ``failures`` the worker lanes among ``lane_ids`` still out whose worker died
-        or overran ``timeout`` since their submission.
+    def _check_late(self, block_ids: list[int], failures: Failures, now: float) -> None:
+        """Add to ``failures`` the worker blocks among ``block_ids`` still out whose worker died
+        or overran the timeout since their submission.
 
-        For waits that return while some lanes are still out: a dead or stuck worker must not
+        For waits that return while some blocks are still out: a dead or stuck worker must not
         go unnoticed just because the others keep finishing. One ``select`` on their sentinels,
         no waiting, at most every ``SENTINEL_CHECK_S`` (a syscall per recv costs more than the rest).
         """
         if now < self._next_sentinel_check:
             return
         self._next_sentinel_check = now + SENTINEL_CHECK_S
-        lines, target, workers, procs = self.lines, self._target, self.workers, self.workers.procs
-        late = [lane for lane in lane_ids if lines[lane][DONE] != target[lane] and lane not in failures]
-        if not late:
-            return
-        dead, _, _ = select.select([procs[lane].sentinel for lane in late], [], [], 0)
-        for lane in late:
-            if lines[lane][DONE] == target[lane]:
+        lines, target, procs = self.lines, self._target, self.workers.procs
+        late = [b for b in block_ids if lines[b][DONE] != target[b] and b not in failures]
+        if late:
+            dead, _, _ = select.select([procs[b].sentinel for b in late], [], [], 0)
+            self._lost(late, dead, now, self.timeout, failures)
+
+    def _lost(
+        self, block_ids: list[int], dead: list[int], now: float, timeout: float | None, failures: Failures
+    ) -> None:
+        """The one judgement of a worker that does not answer: among ``block_ids`` still out, a
+        worker whose sentinel is in ``dead`` died; one past ``timeout`` since its submission is
+        stopped. Each goes into ``failures``.
+        """
+        lines, target, procs, workers = self.lines, self._target, self.workers.procs, self.workers
+        for block in block_ids:
+            if block in failures or lines[block][DONE] == target[block]:
                 continue
-            if procs[lane].sentinel in dead:
-                failures[lane] = workers.died(lane)
-            elif timeout is not None and now - self._submitted[lane] > timeout:
-                failures[lane] = workers.stop_overdue(lane, timeout)
+            if procs[block].sentinel in dead:
+                failures[block] = workers.died(block)
+            elif timeout is not None and now - self._submitted[block] >= timeout - 1e-3:
+                failures[block] = workers.stop_overdue(block, P.phase(self.commands[block]), timeout)
 
-    def collect(self, lane_ids: list[int], timeout: float | None) -> tuple[dict[int, Any], dict[int, Exception]]:
-        """Statuses and replies of finished lanes: ``({lane: reply}, {lane: failure})``.
+    def collect(self, block_ids: list[int], timeout: float | None) -> tuple[dict[int, Any], Failures]:
+        """Statuses and replies of finished blocks: ``({block: reply}, {block: failure})``.
 
-        Only lanes whose status says a reply follows appear in the first dict.
+        Only blocks whose status says a reply follows appear in the first dict.
         """
         replies: dict[int, Any] = {}
-        failures: dict[int, Exception] = {}
-        deadline = -1.0  # computed at the first reply to read: most rounds have none
-        lines, commands, num_workers = self.lines, self.commands, len(self.worker_lanes)
-        for lane in lane_ids:
-            if lane >= num_workers:  # the main lane: what wait kept
-                if self._main_result is not None:
-                    reply, exc = self._main_result
-                    self._main_result = None
-                    if exc is not None:
-                        failures[lane] = exc
-                    elif reply is not None:
-                        replies[lane] = reply
+        failures: Failures = {}
+        deadline: float | None = -1.0  # computed at the first reply to read: most rounds have none
+        lines, commands, main = self.lines, self.commands, self.main
+        for block in block_ids:
+            if main is not None and block == main.index:
+                reply, exc = main.take()
+                if exc is not None:
+                    failures[block] = exc
+                elif reply is not None:
+                    replies[block] = reply
                 continue
-            line = lines[lane]
+            line = lines[block]
             status = line[P.STATUS]
             if status == Status.OK:
                 continue
             size = line[P.REPLY_LEN]
             if size >= 0:  # in shared memory: no syscall, no wait
-                msg = pickle.loads(self.replies[lane][:size])
+                msg = pickle.loads(self.replies[block][:size])
             else:
                 if deadline == -1.0:
                     deadline = None if timeout is None else time.monotonic() + timeout
                 try:
-                    msg = self.workers.recv(lane, deadline, P.phase(commands[lane]))
+                    msg = self.workers.recv(block, deadline, P.phase(commands[block]))
                 except (WorkerDied, StepTimeout) as exc:
-                    failures[lane] = exc
+                    failures[block] = exc
                     continue
             if status == Status.REPLY:
-                if self._pickled_obs and commands[lane] in (Command.STEP, Command.RESET):
-                    msg = self._absorb(lane, msg)
+                if self._pickled_obs and commands[block] in (Command.STEP, Command.RESET):
+                    msg = self._absorb(block, msg)
                     if msg is None:
                         continue
-                replies[lane] = msg
+                replies[block] = msg
             else:
-                failures[lane] = WorkerError(msg)
+                failures[block] = WorkerError(msg)
         return replies, failures
-
-    def run_main(self, cmd: int, payload: Any, arg: int = 0) -> tuple[Any, Exception | None]:
-        """Run ``cmd`` on the main lane, in this process: ``(reply, failure)``."""
-        try:
-            return self.main.run(cmd, payload, arg), None
-        except (KeyboardInterrupt, SystemExit):
-            self.broken = True
-            raise
-        except Exception as exc:
-            return None, WorkerError(P.error_report(exc, self.main_lane, self.main.current, P.phase(cmd)))
 
     def run(
         self,
         cmd: int,
         payloads: list | None = None,
         timeout: float | None = None,
-        lane_ids: list[int] | None = None,
+        block_ids: list[int] | None = None,
         arg: int = 0,
         fd: int | None = None,
-    ) -> tuple[list, dict[int, Exception]]:
-        """Run ``cmd`` on every lane (or on ``lane_ids``) and wait; return ``(replies, failures)``.
+    ) -> tuple[list, Failures]:
+        """Run ``cmd`` on every block (or on ``block_ids``) and wait; return ``(replies, failures)``.
 
-        ``payloads`` holds one picklable payload per lane (or ``None``); ``timeout`` defaults
-        to the pool's. ``replies`` has one entry per lane (``None`` where it had nothing to
-        say). ``failures`` maps each lane that failed to its exception: :class:`WorkerError`
+        ``payloads`` holds one picklable payload per block (or ``None``); ``timeout`` defaults
+        to the pool's. ``replies`` has one entry per block (``None`` where it had nothing to
+        say). ``failures`` maps each block that failed to its exception: :class:`WorkerError`
         (an env raised; the worker lives on), :class:`WorkerDied` or :class:`StepTimeout` (the
-        worker is gone). The caller decides: raise (see :meth:`raise_first`) or restart those lanes.
+        worker is gone). The caller decides: raise (see :meth:`raise_first`) or restart those blocks.
         """
         if timeout is None:
             timeout = self.timeout
-        main = self.main_lane
-        if lane_ids is None:
-            workers = self.worker_lanes
-        else:
-            workers = [lane for lane in lane_ids if lane != main]
-        replies: list[Any] = [None] * len(self.lanes)
-        failures: dict[int, Exception] = {}
-        if workers:
-            self.submit(cmd, workers, payloads, arg, fd, LaneState.IDLE)  # refuses a closed or broken pool
-        elif self.closed or self.broken:
-            raise ClosedError("this vector env is closed" + (" after a worker fault" if self.broken else ""))
-        if self.main is not None and (lane_ids is None or main in lane_ids):
-            replies[main], exc = self.run_main(cmd, None if payloads is None else payloads[main], arg)
-            if exc is not None:
-                failures[main] = exc
-        if workers:
-            failures.update(self.wait(workers, len(workers), timeout))
-            got, failed = self.collect([lane for lane in workers if lane not in failures], timeout)
-            failures.update(failed)
-            for lane, reply in got.items():
-                replies[lane] = reply
+        ids = list(range(len(self.blocks))) if block_ids is None else block_ids
+        self.submit(cmd, ids, payloads, arg, fd, BlockState.IDLE)
+        failures = self.wait(ids, len(ids), timeout)
+        got, failed = self.collect([b for b in ids if b not in failures], timeout)
+        failures.update(failed)
+        replies: list[Any] = [None] * len(self.blocks)
+        for block, reply in got.items():
+            replies[block] = reply
         return replies, failures
 
-    def raise_first(self, failures: dict[int, Exception]) -> None:
-        """Raise the failure of the lowest lane; a lost worker leaves the pool broken."""
+    def raise_first(self, failures: Failures) -> None:
+        """Raise the failure of the lowest block; a lost worker leaves the pool broken."""
         if not failures:
             return
         if any(not isinstance(exc, WorkerError) for exc in failures.values()):
-            self.broken = True
+            self.state = PoolState.BROKEN
         raise failures[min(failures)]
 
     # -- shutdown --------------------------------------------------------------------------
@@ -643,24 +667,22 @@ class WorkerPool:
 
         Idempotent; safe to call from a finalizer or after a fault.
         """
-        if self.closed:
+        if self.state is PoolState.CLOSED:
             return
-        self._main_pending = None  # an asynchronous main-lane command never run: nothing to stop
+        broken = self.state is PoolState.BROKEN
+        if self.main is not None:
+            self.main.pending = None  # an asynchronous main-block command never run: nothing to stop
         try:
-            if self.worker_lanes and not self.broken and self.views:
+            if not broken and self.views:
                 try:
                     self.run(Command.CLOSE, timeout=timeout)
                 except Exception:
                     pass
-            else:
-                for env in self.main.envs if self.main is not None else self._main_envs:
-                    try:
-                        env.close()
-                    except Exception:
-                        pass
+            elif self.main is not None:
+                _close_all(self.main.stepper.envs)
         finally:
-            self.closed = True
-        self.workers.join(timeout if not self.broken else 0.2)
+            self.state = PoolState.CLOSED
+        self.workers.join(timeout if not broken else 0.2)
         for seg in (self._segment, self.rollout):
             if seg is not None:
                 seg.close()
@@ -671,3 +693,12 @@ class WorkerPool:
         self.views = {}
         self.replies = []
         self._segment = None
+
+
+def _close_all(envs: list) -> None:
+    """Close each env, whatever the others do (shutdown and restarts must go on)."""
+    for env in envs:
+        try:
+            env.close()
+        except Exception:
+            pass

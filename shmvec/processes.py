@@ -1,8 +1,8 @@
 """The worker processes of a pool: start, handshake, restart, shutdown.
 
-Worker ``lane`` is the process that serves lane ``lane`` (the lanes served by workers come
-first; the calling process's lane, if any, is the last). This module owns the processes and
-their pipes; what runs over the shared segment, one command round at a time, is ``pool``'s.
+Worker ``k`` is the process that steps block ``k`` (the blocks stepped by workers come first;
+the calling process's block, if any, is the last). This module owns the processes and their
+pipes; what runs over the shared segment, one command round at a time, is ``pool``'s.
 """
 
 from __future__ import annotations
@@ -12,57 +12,61 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait as mp_wait
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from shmvec import protocol as P
 from shmvec.errors import StepTimeout, WorkerDied, WorkerError
 from shmvec.worker import worker_main
 
+if TYPE_CHECKING:
+    from multiprocessing.context import DefaultContext, ForkContext, ForkServerContext, SpawnContext
+
 # Seconds between looks at a worker's liveness while waiting for a message on its pipe.
 POLL_S = 0.5
 
 
-def raise_construct_failure(msg: Any, first_env: int) -> None:
-    """Raise what a lane's construction reported, if it failed: :class:`WorkerError` for a
+def raise_construct_failure(msg: Any) -> None:
+    """Raise what a block's construction reported, if it failed: :class:`WorkerError` for a
     :class:`~shmvec.protocol.ConstructError`, ``ValueError`` for a :class:`~shmvec.protocol.Mismatch`.
     """
     if isinstance(msg, P.ConstructError):
         raise WorkerError(msg.report)
     if isinstance(msg, P.Mismatch):
-        raise ValueError(f"env {msg.env_index} has spaces {msg.spaces} that differ from those of env {first_env}")
+        raise ValueError(msg.message)
 
 
 class WorkerProcesses:
-    """One worker process per lane in ``lane_envs``, each building and stepping that lane's envs.
+    """One worker process per block in ``block_envs``, each building and stepping that block's envs.
 
     Parameters
     ----------
     env_fns : sequence of callables returning ``gymnasium.Env``
-        Every env's factory; worker ``lane`` gets ``env_fns[lane_envs[lane]]``, pickled here.
-    lane_envs : list of range
-        The envs of each lane served by a worker.
+        Every env's factory; worker ``block`` gets ``env_fns[block_envs[block]]``, pickled here.
+    block_envs : list of range
+        The envs of each block served by a worker.
     context : str or None
         ``multiprocessing`` start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
 
     Raises
     ------
     TypeError
-        If a lane's factories cannot be pickled (nothing is started then).
+        If a block's factories cannot be pickled (nothing is started then).
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], lane_envs: list[range], context: str | None) -> None:
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], block_envs: list[range], context: str | None) -> None:
         import cloudpickle
 
         self._blobs: list[bytes] = []
-        for envs in lane_envs:
+        for envs in block_envs:
             try:
                 self._blobs.append(cloudpickle.dumps(list(env_fns[envs.start : envs.stop])))
             except Exception as exc:
                 raise TypeError(f"env_fns[{envs.start}:{envs.stop}] cannot be pickled for the workers: {exc}") from exc
-        self._ctx = mp.get_context(context)
+        # The stubs type get_context(str) as BaseContext, which lacks Process: it is one of these.
+        self._ctx = cast("DefaultContext | ForkContext | ForkServerContext | SpawnContext", mp.get_context(context))
         self.context: str = self._ctx.get_start_method()
-        self.lane_envs = lane_envs
-        count = len(lane_envs)
+        self.block_envs = block_envs
+        count = len(block_envs)
         self.procs: list[Any] = [None] * count  # multiprocessing.Process, once started
         self.conns: list[Any] = [None] * count  # each worker's duplex pipe (handshake, payloads, replies)
         self.wake_fds: list[int] = [-1] * count  # write end of each worker's wake pipe
@@ -74,8 +78,8 @@ class WorkerProcesses:
         os.set_blocking(done_w.fileno(), False)
 
     # -- start-up ------------------------------------------------------------------------------
-    def start(self, lane: int) -> None:
-        """Start (or restart) the worker process of ``lane``."""
+    def start(self, block: int) -> None:
+        """Start (or restart) the worker process of ``block``."""
         ctx = self._ctx
         parent_conn, child_conn = ctx.Pipe()
         wake_r, wake_w = ctx.Pipe(duplex=False)
@@ -83,66 +87,64 @@ class WorkerProcesses:
         os.set_blocking(wake_w.fileno(), False)
         proc = ctx.Process(
             target=worker_main,
-            args=(lane, self.lane_envs[lane].start, self._blobs[lane], child_conn, wake_r, self._done_conns[1]),
-            name=f"shmvec-worker-{lane}",
+            args=(block, self.block_envs[block].start, self._blobs[block], child_conn, wake_r, self._done_conns[1]),
+            name=f"shmvec-worker-{block}",
             daemon=True,
         )
         proc.start()
         child_conn.close()
         wake_r.close()
-        self.procs[lane], self.conns[lane] = proc, parent_conn
-        self._wake_conns[lane], self.wake_fds[lane] = wake_w, wake_w.fileno()
+        self.procs[block], self.conns[block] = proc, parent_conn
+        self._wake_conns[block], self.wake_fds[block] = wake_w, wake_w.fileno()
 
-    def spaces(self, lane: int, deadline: float | None) -> P.Spaces:
-        """The spaces (and metadata) that the envs of ``lane`` reported once built.
+    def spaces(self, block: int, deadline: float | None) -> P.Spaces:
+        """The spaces (and metadata) that the envs of ``block`` reported once built.
 
-        Raises :class:`WorkerError` if building an env raised, ``ValueError`` if the lane's
+        Raises :class:`WorkerError` if building an env raised, ``ValueError`` if the block's
         envs disagree, :class:`WorkerDied` or :class:`StepTimeout` if the worker is lost.
         """
-        msg = self.recv(lane, deadline, "construct")
-        raise_construct_failure(msg, self.lane_envs[lane].start)
+        msg = self.recv(block, deadline, "construct")
+        raise_construct_failure(msg)
         return msg
 
-    def attach(self, lane: int, attach: P.Attach, fd: int) -> None:
-        """Hand worker ``lane`` the segment (``fd``) and how to use it (``attach``)."""
+    def attach(self, block: int, attach: P.Attach, fd: int) -> None:
+        """Hand worker ``block`` the segment (``fd``) and how to use it (``attach``)."""
         from multiprocessing.reduction import send_handle
 
-        self.conns[lane].send(attach)
-        send_handle(self.conns[lane], fd, self.procs[lane].pid)
+        self.conns[block].send(attach)
+        send_handle(self.conns[block], fd, self.procs[block].pid)
 
-    def ready(self, lane: int, deadline: float | None) -> None:
-        """Wait for worker ``lane`` to confirm that it mapped the segment."""
-        msg = self.recv(lane, deadline, "attach")
+    def ready(self, block: int, deadline: float | None) -> None:
+        """Wait for worker ``block`` to confirm that it mapped the segment."""
+        msg = self.recv(block, deadline, "attach")
         if not isinstance(msg, P.Ready):
-            raise RuntimeError(f"worker {lane} answered {msg!r} to attach")
+            raise RuntimeError(f"worker {block} answered {msg!r} to attach")
 
     # -- messages --------------------------------------------------------------------------------
-    def send(self, lane: int, payload: bytes, fd: int | None = None) -> None:
-        """Send a command's pickled payload (and a descriptor after it) to worker ``lane``.
+    def send(self, block: int, payload: bytes, fd: int | None = None) -> None:
+        """Send a command's pickled payload (and a descriptor after it) to worker ``block``.
 
         A worker that died since its last command (the OOM killer strikes any time) is passed
-        over: the other lanes must still get their payloads, or they would wait for them
+        over: the other blocks must still get their payloads, or they would wait for them
         forever, and the round's wait reports this one as :class:`WorkerDied` (its sentinel is
         ready and its DONE never comes).
         """
         try:
-            self.conns[lane].send_bytes(payload)  # the worker's conn.recv() unpickles it
+            self.conns[block].send_bytes(payload)  # the worker's conn.recv() unpickles it
             if fd is not None:
                 from multiprocessing.reduction import send_handle
 
-                send_handle(self.conns[lane], fd, self.procs[lane].pid)
+                send_handle(self.conns[block], fd, self.procs[block].pid)
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def recv(self, lane: int, deadline: float | None, phase: str) -> Any:
-        """Receive one message from worker ``lane``, watching its liveness and ``deadline``."""
-        conn, proc = self.conns[lane], self.procs[lane]
+    def recv(self, block: int, deadline: float | None, phase: str) -> Any:
+        """Receive one message from worker ``block``, watching its liveness and ``deadline``."""
+        conn, proc = self.conns[block], self.procs[block]
         while True:
             wait = POLL_S if deadline is None else min(POLL_S, deadline - time.monotonic())
             if wait <= 0:
-                if proc.is_alive():
-                    proc.kill()
-                raise StepTimeout(f"worker {lane} did not answer during {phase} within the timeout; it was stopped")
+                raise self.stop_overdue(block, phase, None)
             ready = mp_wait([conn, proc.sentinel], wait)
             if conn in ready:
                 try:
@@ -150,32 +152,37 @@ class WorkerProcesses:
                 except EOFError:
                     pass
             if proc.sentinel in ready or not proc.is_alive():
-                raise self.died(lane)
+                raise self.died(block)
 
     # -- faults ------------------------------------------------------------------------------------
-    def died(self, lane: int) -> WorkerDied:
-        """Reap worker ``lane``, which exited; the failure to report."""
-        proc = self.procs[lane]
+    def died(self, block: int) -> WorkerDied:
+        """Reap worker ``block``, which exited; the failure to report."""
+        proc = self.procs[block]
         proc.join(1.0)
-        return WorkerDied(lane, proc.exitcode, self.lane_envs[lane])
+        return WorkerDied(block, proc.exitcode, self.block_envs[block])
 
-    def stop_overdue(self, lane: int, timeout: float) -> StepTimeout:
-        """Kill worker ``lane``, which overran ``timeout``; the failure to report."""
-        self.procs[lane].kill()
-        self.procs[lane].join(1.0)
-        envs = self.lane_envs[lane]
-        return StepTimeout(
-            f"worker {lane} (envs {envs.start}..{envs.stop - 1}) did not "
-            f"finish within timeout={timeout} s; it was stopped"
-        )
-
-    def stop(self, lane: int) -> None:
-        """Kill worker ``lane`` (if still alive) and close its pipes, before a restart."""
-        proc = self.procs[lane]
+    def stop_overdue(self, block: int, phase: str, timeout: float | None) -> StepTimeout:
+        """Kill worker ``block``, which overran ``timeout`` (``None``: a deadline of the set-up)
+        during ``phase``; the failure to report.
+        """
+        proc = self.procs[block]
         if proc.is_alive():
             proc.kill()
         proc.join(1.0)
-        for conn in (self.conns[lane], self._wake_conns[lane]):
+        envs = self.block_envs[block]
+        limit = "its deadline" if timeout is None else f"timeout={timeout} s"
+        return StepTimeout(
+            f"worker {block} (envs {envs.start}..{envs.stop - 1}) did not finish within {limit} ({phase}); "
+            "it was stopped"
+        )
+
+    def stop(self, block: int) -> None:
+        """Kill worker ``block`` (if still alive) and close its pipes, before a restart."""
+        proc = self.procs[block]
+        if proc.is_alive():
+            proc.kill()
+        proc.join(1.0)
+        for conn in (self.conns[block], self._wake_conns[block]):
             conn.close()
 
     # -- shutdown ----------------------------------------------------------------------------------

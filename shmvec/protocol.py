@@ -1,8 +1,8 @@
 """The protocol between the calling process ("main") and the workers, all in one place: the
 words of a control line, the command and status codes, the handshake records, error reports.
 
-Each lane owns one 64-byte control line (8 int64 words) in the shared segment, written by
-main and by the worker that serves the lane; main owns the line after the last lane. One
+Each block owns one 64-byte control line (8 int64 words) in the shared segment, written by
+main and by the worker that steps the block; main owns the line after the last block. One
 command round is:
 
 1. main writes ``CMD``, ``ARG`` (and ``PAYLOAD`` = 1 when a pickled payload follows on the worker's
@@ -12,7 +12,7 @@ command round is:
    payload if any, executes.
 3. the worker writes its results into the shared arrays, then ``STATUS``, then sets ``DONE``
    to the value of ``GO``; if main's ``SLEEPING`` word is set, it writes one byte to the
-   shared done pipe. When ``STATUS`` is not ``OK`` there is a pickled reply: in the lane's row
+   shared done pipe. When ``STATUS`` is not ``OK`` there is a pickled reply: in the block's row
    of the ``replies`` region when it fits (``REPLY_LEN`` says how many bytes, written before
    ``DONE``), else on its pipe after ``DONE`` (``REPLY_LEN`` = -1).
 
@@ -29,7 +29,13 @@ from __future__ import annotations
 
 import traceback
 from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # annotations only: workers import this module before numpy and gymnasium
+    from gymnasium.vector import AutoresetMode
+
+    from shmvec.layout import Layout
+    from shmvec.sync import SpinPolicy
 
 # Words of a control line (indices into its int64 words; plain ints: the hot paths index with them).
 GO = 0  # command sequence number, written by main
@@ -39,15 +45,15 @@ DONE = 3  # sequence number of the last finished command, written by the worker
 STATUS = 4  # result of the last command, written by the worker
 SLEEPING = 5  # 1 while the owner of this line blocks in the kernel
 ARG = 6  # the command's argument (ROLLOUT_STEP: the row), written by main
-REPLY_LEN = 7  # bytes of the pickled reply in the lane's ``replies`` row, or -1: it follows on the pipe
+REPLY_LEN = 7  # bytes of the pickled reply in the block's ``replies`` row, or -1: it follows on the pipe
 
-# A lane's row of the ``replies`` region: a pickled reply up to this size travels there, not on
+# A block's row of the ``replies`` region: a pickled reply up to this size travels there, not on
 # the pipe (a step's infos, say); a larger one (a ``render`` frame) takes the pipe.
 REPLY_BYTES = 64 * 1024
 
 
 class Command(IntEnum):
-    """What main asks a lane to do (the ``CMD`` word); ``phase`` names it in error reports."""
+    """What main asks a block to do (the ``CMD`` word); ``phase`` names it in error reports."""
 
     phase: str
 
@@ -58,16 +64,16 @@ class Command(IntEnum):
         return member
 
     STEP = 1, "step"  # payload (pickled action leaves only): {region name: the worker's slice}
-    RESET = 2, "reset"  # payload: (seeds, options, mask) of the lane's envs
+    RESET = 2, "reset"  # payload: (seeds, options, mask) of the block's envs
     CALL = 3, "call"  # payload: (name, args, kwargs); reply: one result per env
-    SET_ATTR = 4, "set_attr"  # payload: (name, values for the lane's envs)
+    SET_ATTR = 4, "set_attr"  # payload: (name, values for the block's envs)
     CLOSE = 5, "close"
     ROLLOUT_ATTACH = 6, "rollout attach"  # payload: a RolloutLayout, then the rollout segment's fd
     ROLLOUT_STEP = 7, "rollout step"  # STEP reading and writing row ARG of the rollout segment
 
 
 class Status(IntEnum):
-    """How a lane's last command ended (the ``STATUS`` word)."""
+    """How a block's last command ended (the ``STATUS`` word)."""
 
     OK = 0  # nothing follows
     REPLY = 1  # a pickled reply (in the replies row, or on the pipe: see REPLY_LEN)
@@ -76,10 +82,9 @@ class Status(IntEnum):
 
 def phase(cmd: int) -> str:
     """The phase name of command code ``cmd`` for error reports (the number if it is unknown)."""
-    try:
-        return Command(cmd).phase
-    except ValueError:
-        return str(cmd)
+    # A lookup by value, as Command(cmd) does: mypy reads that call as Command.__new__(value, phase).
+    member = Command._value2member_map_.get(cmd)
+    return member.phase if isinstance(member, Command) else str(cmd)
 
 
 # The handshake, over each worker's pipe, before any command round (see docs/architecture.md).
@@ -94,7 +99,7 @@ class Spaces(NamedTuple):
 
     @classmethod
     def of(cls, env: Any) -> Spaces:
-        """What ``env`` (the first of a lane) reports."""
+        """What ``env`` (the first of a block) reports."""
         return cls(
             env.observation_space,
             env.action_space,
@@ -102,6 +107,20 @@ class Spaces(NamedTuple):
             getattr(env, "render_mode", None),
             getattr(env, "spec", None),
         )
+
+    def mismatch(self, env_index: int, expected: Spaces, expected_index: int) -> str | None:
+        """Why env ``env_index``, which reported these spaces, cannot join env ``expected_index``,
+        which reported ``expected`` (``None`` if their spaces agree): the one check of every
+        place where envs meet (within a block, across blocks, across Ray actors).
+        """
+        for name in ("observation_space", "action_space"):
+            found, wanted = getattr(self, name), getattr(expected, name)
+            if found != wanted:
+                return (
+                    f"env {env_index} has {name} {found}, but env {expected_index} has {wanted}: "
+                    "every env of a vector env must have the same spaces"
+                )
+        return None
 
 
 class ConstructError(NamedTuple):
@@ -111,28 +130,30 @@ class ConstructError(NamedTuple):
 
 
 class Mismatch(NamedTuple):
-    """Worker -> main: env ``env_index`` has spaces that differ from its lane's first env."""
+    """Worker -> main: env ``env_index`` has spaces that differ from its block's first env."""
 
     env_index: int
-    spaces: tuple[Any, Any]
+    message: str  # from Spaces.mismatch
 
 
 class Attach(NamedTuple):
     """Main -> worker: map the segment laid out by ``layout`` (its fd follows on the pipe)."""
 
-    layout: Any
-    autoreset_mode: str
-    spin: Any  # the worker's sync.SpinPolicy
+    layout: Layout
+    autoreset_mode: AutoresetMode
+    spin: SpinPolicy  # how the worker waits for a command
 
 
 class Ready(NamedTuple):
     """Worker -> main: attached; commands may start."""
 
 
-def error_report(exc: BaseException, lane: int, env_index: int | None, phase: str) -> dict[str, Any]:
-    """A picklable description of an exception raised while lane ``lane`` ran its envs."""
+def error_report(exc: BaseException, block: int, env_index: int | None, phase: str) -> dict[str, Any]:
+    """A picklable description of an exception raised while block ``block`` ran its envs
+    (``worker_index``: worker ``k`` steps block ``k``; the calling process's block overrides it).
+    """
     return {
-        "worker_index": lane,
+        "worker_index": block,
         "env_index": env_index,
         "phase": phase,
         "exc_type": type(exc).__name__,

@@ -42,15 +42,25 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from shmvec.actions import ActionBatch
 from shmvec.blocks import set_attr_payloads, split
-from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env
-from shmvec.errors import ActorDied, ClosedError, ShmVecError, StepTimeout, WorkerError
+from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, refuse_fixed, seeds_per_env
+from shmvec.errors import ActorDied, ShmVecError, StepTimeout, WorkerError
 from shmvec.infos import concat_infos
+from shmvec.lifecycle import Lifecycle, refuse
+from shmvec.protocol import Spaces
 from shmvec.tree import assemble, flatten, space_leaves
 
 __all__ = ["EnvHost", "RayVecEnv"]
 
-# Options of the actors' ShmVecEnv that RayVecEnv decides itself.
-_FIXED = ("num_workers", "batch_size", "autoreset_mode")
+# Options of the actors' ShmVecEnv that RayVecEnv decides itself, and what to use instead.
+_FIXED = {
+    "num_workers": "use num_workers_per_actor",
+    "batch_size": "asynchronous collection is not supported across actors",
+}
+
+
+def _spaces(info: dict[str, Any]) -> Spaces:
+    """The spaces an actor described, as the handshake record that compares them."""
+    return Spaces(info["single_observation_space"], info["single_action_space"], info["metadata"], None, None)
 
 
 class EnvHost:
@@ -99,6 +109,7 @@ class EnvHost:
     def rollout(self, num_steps: int) -> dict[str, Any]:
         # The batch holds views of the rollout storage: Ray copies them into its object store
         # as this method returns, before anything can overwrite them.
+        assert self.policy is not None  # RayVecEnv.rollout refuses to run before set_policy
         return self.env.rollout(self.policy, num_steps)
 
     def call(self, name: str, args: tuple, kwargs: dict) -> tuple:
@@ -136,7 +147,7 @@ class RayVecEnv(VectorEnv):
         cluster's CPUs divided by ``num_workers_per_actor``, at most ``len(env_fns)``.
     num_workers_per_actor : int, default 1
         ``num_workers`` of each actor's ShmVecEnv: worker processes of the actor, each stepping a
-        block of its envs (pass ``step_in_main=True`` to have the actor step one block itself).
+        block of its envs (``step_in_main=True`` adds one more block, which the actor steps itself).
     actor_options : dict, optional
         Ray actor options; default ``{"num_cpus": num_workers_per_actor, "scheduling_strategy":
         "SPREAD"}`` (one actor per node where the cluster allows).
@@ -173,15 +184,10 @@ class RayVecEnv(VectorEnv):
     ) -> None:
         super().__init__()
         self._actors: list[Any] = []
-        self._closed = False
+        self._state = Lifecycle.NEEDS_RESET
         self._finalizer = weakref.finalize(self, _kill, self._actors)
         env_fns = env_factories(env_fns, "RayVecEnv")
-        fixed = [k for k in _FIXED if k in vector_kwargs]
-        if fixed:
-            raise ValueError(
-                f"RayVecEnv sets {fixed} of its actors' ShmVecEnv itself: use num_workers_per_actor "
-                "and autoreset_mode (asynchronous collection is not supported across actors)"
-            )
+        refuse_fixed("RayVecEnv", vector_kwargs, _FIXED)
         mode = parse_autoreset_mode(autoreset_mode)
         if mode is AutoresetMode.DISABLED:
             raise ValueError("RayVecEnv supports autoreset modes NEXT_STEP and SAME_STEP, not DISABLED")
@@ -206,16 +212,15 @@ class RayVecEnv(VectorEnv):
             self._actors.append(
                 _RemoteHost.options(**options).remote(env_fns[block.start : block.stop], workers, dict(kwargs))
             )
-        self._info = [{"node_ip": "?", "node_id": "?"} for _ in self._actors]  # until they answer
+        # What each actor described (see EnvHost.describe); placeholders until they answer.
+        self._info: list[dict[str, Any]] = [{"node_ip": "?", "node_id": "?"} for _ in self._actors]
         self._info = self._wait_ready(ready_timeout, options)
         first = self._info[0]
         for k, info in enumerate(self._info[1:], 1):
-            for name in ("single_observation_space", "single_action_space"):
-                if info[name] != first[name]:
-                    self.close()
-                    raise ValueError(
-                        f"actor {k} (env {self.blocks[k].start}) has {name} {info[name]}, but actor 0 has {first[name]}"
-                    )
+            why = _spaces(info).mismatch(self.blocks[k].start, _spaces(first), 0)
+            if why is not None:
+                self.close()
+                raise ValueError(f"{why} (Ray actor {k})")
         self.single_observation_space = first["single_observation_space"]
         self.single_action_space = first["single_action_space"]
         self.observation_space = batch_space(self.single_observation_space, self.num_envs)
@@ -224,7 +229,6 @@ class RayVecEnv(VectorEnv):
         self.render_mode = first["render_mode"]
         self._actions = ActionBatch(self.single_action_space, validate_actions)
         self._policy_set = False
-        self._needs_reset = True
 
     # -- set-up ----------------------------------------------------------------------------
     def _check_placeable(self, options: dict[str, Any]) -> None:
@@ -294,8 +298,8 @@ class RayVecEnv(VectorEnv):
         what: str | None = None,
         closes_on_error: bool = True,
     ) -> list:
-        if self._closed:
-            raise ClosedError("this RayVecEnv is closed; create a new one")
+        if self._state is Lifecycle.CLOSED:
+            refuse(self._state, "RayVecEnv", what or method, needs_reset=False)
         args = args_per_actor or [()] * len(self._actors)
         refs = [getattr(a, method).remote(*arg) for a, arg in zip(self._actors, args)]
         return self._get(refs, what or method, closes_on_error)
@@ -334,7 +338,7 @@ class RayVecEnv(VectorEnv):
         seeds = seeds_per_env(seed, self.num_envs)
         args = [(None if seeds is None else seeds[b.start : b.stop], options) for b in self.blocks]
         parts = self._each("reset", args)
-        self._needs_reset = False
+        self._state = Lifecycle.READY
         obs = self._join(self.single_observation_space, [p[0] for p in parts], 0)
         return obs, self._join_infos([p[1] for p in parts])
 
@@ -354,8 +358,7 @@ class RayVecEnv(VectorEnv):
         """
         if not callable(policy):
             raise TypeError(f"policy must be callable (obs -> actions), got {type(policy).__name__}")
-        if self._closed:
-            raise ClosedError("this RayVecEnv is closed; create a new one")
+        refuse(self._state, "RayVecEnv", "set_policy", needs_reset=False)
         try:
             ref = ray.put(policy)
         except Exception as exc:
@@ -432,17 +435,11 @@ class RayVecEnv(VectorEnv):
         return np.concatenate([s[2] for s in self._each("stats")])
 
     def _check_ready(self, what: str) -> None:
-        if self._closed:
-            raise ClosedError(f"{what}() on a closed RayVecEnv")
-        if self._needs_reset:
-            from gymnasium.error import ResetNeeded
-
-            raise ResetNeeded(f"RayVecEnv.{what}() was called before reset(); call reset() first")
+        refuse(self._state, "RayVecEnv", what, needs_reset=True)
 
     def close_extras(self, **kwargs: Any) -> None:
         """Close every actor's envs and workers, then end the actors (idempotent)."""
-        self._closed = True
-        self._needs_reset = True
+        self._state = Lifecycle.CLOSED
         refs = []
         for actor in self._actors:
             try:

@@ -22,9 +22,18 @@ from gymnasium.vector import AutoresetMode
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from shmvec._adapters import EnvSideFactory, Failure, batched_actions, env_indices, env_info, list_infos
+from shmvec.checks import refuse_fixed
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["SubprocVecEnv"]
+
+# The ShmVecEnv options that SB3's semantics decide, and why.
+_FIXED = {
+    "autoreset_mode": "SB3 resets an env within the step that ends its episode (SAME_STEP)",
+    "copy": "SB3 hands the arrays to user code and replay buffers, so they must be owned",
+    "context": "pass start_method= instead",
+    "batch_size": "SB3 steps every env in every step",
+}
 
 
 class SubprocVecEnv(VecEnv):
@@ -70,11 +79,7 @@ class SubprocVecEnv(VecEnv):
         validate_actions: bool = False,
         **shmvec_kwargs: Any,
     ) -> None:
-        for forced in ("autoreset_mode", "copy", "context", "batch_size"):
-            if forced in shmvec_kwargs:
-                # SB3's semantics need SAME_STEP, owned arrays and every env in every step.
-                hint = "; pass start_method= instead" if forced == "context" else ""
-                raise TypeError(f"SubprocVecEnv sets {forced!r} itself, as SB3's semantics need{hint}")
+        refuse_fixed("SubprocVecEnv", shmvec_kwargs, _FIXED)
         self.waiting = False
         self.closed = False
         self._actions: Any = None

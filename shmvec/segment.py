@@ -27,7 +27,7 @@ def create(size: int) -> tuple[int, mmap.mmap]:
     name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
     shm = shared_memory.SharedMemory(name=name, create=True, size=size)
     try:
-        fd = os.dup(shm._fd)
+        fd = os.dup(shm._fd)  # type: ignore[attr-defined]  # the only way to its descriptor before 3.13
     finally:
         shm.close()
         shm.unlink()

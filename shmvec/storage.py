@@ -3,7 +3,7 @@
 The workers write observations, rewards and flags into the rollout segment row by row
 (:class:`~shmvec.layout.RolloutLayout`); the parent writes each row's actions there and keeps
 whatever else the policy returns (log-probabilities, values, ...) in arrays of its own. This
-module knows nothing of processes or envs: :meth:`ShmVecEnv.rollout` drives it.
+module knows nothing of processes or envs: :mod:`shmvec.rollout_loop` fills it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 from gymnasium import spaces
 
 from shmvec.layout import RolloutLayout
+from shmvec.stepper import Targets
 from shmvec.tree import assemble
-from shmvec.worker import Targets
 
 __all__ = ["RESERVED", "RolloutStorage", "split_policy_output"]
 
@@ -93,6 +93,7 @@ class RolloutStorage:
         self.valid = np.ones((T, self.num_envs), dtype=bool) if next_step else None
         self.extras: dict[str, np.ndarray] = {}
         self.infos: list[dict[str, Any]] = [{} for _ in range(T)]
+        self.rows_done = 0  # rows the current rollout has written (all of them once it finished)
 
     def start(self, current_obs: list[np.ndarray], pending_reset: np.ndarray) -> None:
         """Begin a rollout from ``current_obs`` (per-leaf ``[N, ...]``); ``pending_reset``: the
@@ -103,6 +104,7 @@ class RolloutStorage:
         if self.valid is not None:
             self.valid[0] = ~pending_reset
         self.infos = [{} for _ in range(self.num_steps)]
+        self.rows_done = 0
 
     def record_extras(self, t: int, extras: dict[str, Any]) -> None:
         """Store row ``t`` of each extra the policy returned (``[N, ...]`` each).

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,33 +30,12 @@ import torch
 from gymnasium.vector import VectorWrapper
 
 from shmvec.storage import split_policy_output
-from shmvec.tree import pickled_fields
+from shmvec.tree import assemble, flatten, pickled_fields
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["TorchVecEnv"]
 
 _PAGE = 4096
-
-
-def _leaves(tree: Any) -> Iterator[Any]:
-    """The arrays of a (possibly nested) observation or action, depth first in key order."""
-    if isinstance(tree, dict):
-        for value in tree.values():
-            yield from _leaves(value)
-    elif isinstance(tree, tuple):
-        for value in tree:
-            yield from _leaves(value)
-    else:
-        yield tree
-
-
-def _rebuild(template: Any, leaves: Iterator[Any]) -> Any:
-    """``template``'s nesting with its leaves replaced, in :func:`_leaves` order."""
-    if isinstance(template, dict):
-        return {key: _rebuild(value, leaves) for key, value in template.items()}
-    if isinstance(template, tuple):
-        return tuple(_rebuild(value, leaves) for value in template)
-    return next(leaves)
 
 
 def _host_tensor(array: np.ndarray) -> torch.Tensor:
@@ -161,6 +140,8 @@ class TorchVecEnv(VectorWrapper):
         on the current stream, which may still read the previous batch.
     """
 
+    env: ShmVecEnv  # VectorWrapper types it as any VectorEnv; __init__ accepts a ShmVecEnv only
+
     def __init__(self, env: ShmVecEnv, device: str | torch.device | None = None, copy: bool = True) -> None:
         if not isinstance(env, ShmVecEnv):
             raise TypeError(f"TorchVecEnv wraps a shmvec.ShmVecEnv, got {type(env).__name__}")
@@ -182,9 +163,17 @@ class TorchVecEnv(VectorWrapper):
         self.copy = copy
         env.copy = False  # its own results are views: this wrapper copies once, straight to the device
         buffers = env.buffers
-        self._obs_template = buffers.obs
+        obs_space = env.single_observation_space
+        # The space each rollout field is nested as (None: a plain array).
+        self._spaces = {
+            "obs": obs_space,
+            "final_obs": obs_space,
+            "next_obs": obs_space,
+            "actions": env.single_action_space,
+        }
         self._host = [
-            _host_tensor(a) for a in (*_leaves(buffers.obs), buffers.rewards, buffers.terminations, buffers.truncations)
+            _host_tensor(a)
+            for a in (*flatten(obs_space, buffers.obs), buffers.rewards, buffers.terminations, buffers.truncations)
         ]
         self._static: dict[tuple, list[torch.Tensor]] = {}  # copy=False: (what, size) -> device tensors
         self._runs: dict[bytes, tuple[tuple[int, int], ...]] = {}  # recv's env_ids -> contiguous runs
@@ -199,7 +188,7 @@ class TorchVecEnv(VectorWrapper):
                 self._stream = torch.cuda.Stream(self.device)
                 self._copied = torch.cuda.Event()
             self.pinned = self._pins[0].pin(
-                [*_leaves(buffers.obs), buffers.rewards, buffers.terminations, buffers.truncations]
+                [*flatten(obs_space, buffers.obs), buffers.rewards, buffers.terminations, buffers.truncations]
             )
         self._finalizer = weakref.finalize(self, _close, env, self._pins)
 
@@ -215,7 +204,7 @@ class TorchVecEnv(VectorWrapper):
         self._wait_for_copies()
         _, infos = self.env.reset(seed=seed, options=options)
         obs = self._to_device(self._host[:-3], ((0, self.num_envs),), "reset")
-        return _rebuild(self._obs_template, iter(obs)), infos
+        return assemble(self.single_observation_space, obs), infos
 
     def step(self, actions: Any) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         """Step as :meth:`ShmVecEnv.step`, with ``actions`` a tensor (any device) or an array."""
@@ -223,7 +212,7 @@ class TorchVecEnv(VectorWrapper):
         self._wait_for_copies()
         infos = self.env.step(actions)[4]
         *obs, rewards, terms, truncs = self._to_device(self._host, ((0, self.num_envs),), "step")
-        return _rebuild(self._obs_template, iter(obs)), rewards, terms, truncs, infos
+        return assemble(self.single_observation_space, obs), rewards, terms, truncs, infos
 
     def async_reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> None:
         """Start resetting every env; :meth:`recv` returns the batches (:meth:`ShmVecEnv.async_reset`)."""
@@ -249,7 +238,7 @@ class TorchVecEnv(VectorWrapper):
                 (int(part[0]), int(part[-1]) + 1) for part in np.split(env_ids, splits)
             )
         *obs, rewards, terms, truncs = self._to_device(self._host, runs, "recv")
-        return _rebuild(self._obs_template, iter(obs)), rewards, terms, truncs, infos, env_ids
+        return assemble(self.single_observation_space, obs), rewards, terms, truncs, infos, env_ids
 
     def rollout(self, policy: Callable[[Any], Any], num_steps: int) -> dict[str, Any]:
         """:meth:`ShmVecEnv.rollout` with a torch policy; the ``[T, N]`` batch as tensors on :attr:`device`.
@@ -271,7 +260,7 @@ class TorchVecEnv(VectorWrapper):
         def host_policy(obs_row: Any) -> Any:
             t = step[0]
             step[0] += 1
-            rows = [_host_tensor(a) for a in _leaves(obs_row)]
+            rows = [_host_tensor(a) for a in flatten(self.single_observation_space, obs_row)]
             if gpu:
                 if "obs" not in storage:
                     storage["obs"] = [
@@ -280,7 +269,9 @@ class TorchVecEnv(VectorWrapper):
                 for dst, src in zip(storage["obs"], rows):
                     dst[t].copy_(src, non_blocking=True)
                 rows = [dst[t] for dst in storage["obs"]]
-            actions, more = split_policy_output(policy(_rebuild(obs_row, iter(rows))), self.single_action_space)
+            actions, more = split_policy_output(
+                policy(assemble(self.single_observation_space, rows)), self.single_action_space
+            )
             for key, value in more.items():
                 value = torch.as_tensor(value)
                 if key not in extras:
@@ -302,23 +293,23 @@ class TorchVecEnv(VectorWrapper):
         if gpu:
             if self._rollout_key is None:
                 # The shared rollout segment only (``valid`` is the parent's own small array).
-                self._pins[1].pin([a for name in names if name != "valid" for a in _leaves(batch[name])])
+                self._pins[1].pin([a for name in names if name != "valid" for a in self._leaves(name, batch[name])])
                 self._rollout_key = (num_steps, batch["rewards"].ctypes.data)
             for name in names:
                 if name == "obs":
-                    out[name] = _rebuild(batch[name], iter(storage["obs"]))
+                    out[name] = assemble(self._spaces["obs"], storage["obs"])
                     continue
-                host = [_host_tensor(a) for a in _leaves(batch[name])]
+                host = [_host_tensor(a) for a in self._leaves(name, batch[name])]
                 if name not in storage:
                     storage[name] = [torch.empty(h.shape, dtype=h.dtype, device=self.device) for h in host]
                 for dst, src in zip(storage[name], host):
                     dst.copy_(src, non_blocking=True)
-                out[name] = _rebuild(batch[name], iter(storage[name]))
+                out[name] = assemble(self._spaces.get(name), storage[name])
             self._copied.record(torch.cuda.current_stream(self.device))
             self._pending = True
         else:
             for name in names:
-                out[name] = _rebuild(batch[name], (_host_tensor(a) for a in _leaves(batch[name])))
+                out[name] = assemble(self._spaces.get(name), [_host_tensor(a) for a in self._leaves(name, batch[name])])
         out.update(extras)
         return out
 
@@ -349,6 +340,7 @@ class TorchVecEnv(VectorWrapper):
             return [torch.cat([h[start:stop] for start, stop in runs]) for h in host]
         current = torch.cuda.current_stream(self.device)
         stream = self._stream
+        out: list[torch.Tensor] | None
         if self.copy:
             with torch.cuda.stream(stream):
                 out = [torch.empty((size, *h.shape[1:]), dtype=h.dtype, device=self.device) for h in host]
@@ -373,9 +365,13 @@ class TorchVecEnv(VectorWrapper):
         self._pending = True
         return out
 
+    def _leaves(self, name: str, value: Any) -> list[Any]:
+        """The arrays of rollout field ``name`` (nested as its space, or one plain array)."""
+        return flatten(self._spaces.get(name), value)
+
     def _host_actions(self, actions: Any) -> Any:
         """``actions`` as numpy: CPU tensors by view, GPU tensors through pinned staging buffers."""
-        leaves = list(_leaves(actions))
+        leaves = flatten(self.single_action_space, actions)
         if not any(isinstance(a, torch.Tensor) for a in leaves):
             return actions
         waited: list[torch.device] = []
@@ -396,4 +392,4 @@ class TorchVecEnv(VectorWrapper):
             out.append(a)
         for device in waited:
             torch.cuda.current_stream(device).synchronize()
-        return _rebuild(actions, iter(out))
+        return assemble(self.single_action_space, out)

@@ -50,7 +50,7 @@ def space_leaves(space: spaces.Space, path: tuple[Any, ...] = ()) -> list[Leaf]:
     as Gymnasium's ``batch_space`` treats it as one item per env.
     """
     if isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
-        return [Leaf(path, tuple(space.shape), np.dtype(space.dtype), space)]
+        return [Leaf(path, tuple(space.shape or ()), np.dtype(space.dtype), space)]
     if isinstance(space, spaces.Dict):
         return [leaf for key, sub in space.spaces.items() for leaf in space_leaves(sub, path + (key,))]
     if isinstance(space, spaces.Tuple):
@@ -68,10 +68,11 @@ def pickled_fields(observation_space: spaces.Space, action_space: spaces.Space) 
     ]
 
 
-def assemble(space: spaces.Space, arrays: list[np.ndarray]) -> Any:
+def assemble(space: spaces.Space | None, arrays: list[Any]) -> Any:
     """Rebuild the nested structure of ``space`` (dict / tuple) around leaf arrays.
 
-    ``arrays`` is in :func:`space_leaves` order.
+    ``arrays`` is in :func:`space_leaves` order (of any type: numpy arrays, tensors, views); a
+    space that is not a Dict or Tuple, or ``None``, has one leaf: ``arrays[0]``.
     """
     if not isinstance(space, (spaces.Dict, spaces.Tuple)):
         return arrays[0]
@@ -89,8 +90,10 @@ def _assemble(space: spaces.Space, leaves: Iterator[Any]) -> Any:
     return next(leaves)
 
 
-def flatten(space: spaces.Space, value: Any) -> list[Any]:
-    """The leaves of a nested sample, in :func:`space_leaves` order (the inverse of assemble)."""
+def flatten(space: spaces.Space | None, value: Any) -> list[Any]:
+    """The leaves of a nested sample or batch, in :func:`space_leaves` order (the inverse of
+    :func:`assemble`); a space that is not a Dict or Tuple, or ``None``, gives ``[value]``.
+    """
     if isinstance(space, spaces.Dict):
         return [leaf for key, sub in space.spaces.items() for leaf in flatten(sub, value[key])]
     if isinstance(space, spaces.Tuple):

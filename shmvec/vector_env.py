@@ -4,52 +4,43 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from copy import deepcopy
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium.error import ResetNeeded
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from shmvec.actions import ActionBatch
+from shmvec.batches import Batch, Batches
 from shmvec.blocks import reset_payloads, set_attr_payloads
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
-from shmvec.errors import ClosedError, NonFiniteError, PayloadError, WorkerError
-from shmvec.infos import add_info
-from shmvec.pool import LaneState, WorkerPool
+from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerError
+from shmvec.infos import InfoMerger
+from shmvec.lifecycle import Lifecycle, refuse
+from shmvec.pool import BlockState, Failures, WorkerPool
 from shmvec.protocol import Command
-from shmvec.storage import RolloutStorage, split_policy_output
-from shmvec.tree import assemble, pickled_fields
-from shmvec.worker import Targets
+from shmvec.results import Results, SharedBuffers
+from shmvec.rollout_loop import check_rollout, fill
+from shmvec.stepper import Targets
+from shmvec.storage import RolloutStorage
 
-__all__ = ["ShmVecEnv", "SharedBuffers", "make"]
+__all__ = ["ShmVecEnv", "SharedBuffers"]
 
 
-class SharedBuffers(NamedTuple):
-    """Read-only views of the shared memory that ``reset``, ``step`` and ``recv`` write every
-    env's results into (``[num_envs, ...]`` each; ``obs`` nested as the observation space).
-    They stay valid until ``close`` and always hold each env's latest results. A variable-size
-    leaf (Text, Sequence, Graph, OneOf) is a ``[num_envs]`` object array of the main process.
-    """
-
-    obs: Any
-    rewards: np.ndarray
-    terminations: np.ndarray
-    truncations: np.ndarray
+_READY, _CLOSED = Lifecycle.READY, Lifecycle.CLOSED
+_IN_FLIGHT = BlockState.IN_FLIGHT
 
 
 class ShmVecEnv(VectorEnv):
-    """Vectorized environment whose worker processes step lanes (contiguous blocks) of envs in
-    shared memory.
+    """Vectorized environment whose worker processes step blocks of envs in shared memory.
 
     Observations, actions, rewards and episode flags live in one shared-memory segment: workers
-    write results straight into it and only command bytes cross the pipes. Parts of a space
-    with no fixed size (Text, Sequence, Graph, OneOf) travel pickled instead, one message per
-    worker and step, and are batched as Gymnasium does (a tuple of one sample per env).
-    Semantics (seeding, autoreset modes, infos) are those of
-    :class:`gymnasium.vector.SyncVectorEnv`, bit for bit.
+    write results straight into it; commands are a few words in the same segment, and infos
+    travel pickled only on steps that have some. Parts of a space with no fixed size (Text,
+    Sequence, Graph, OneOf) travel pickled too, one message per worker and step, and are
+    batched as Gymnasium does (a tuple of one sample per env). Semantics (seeding, autoreset
+    modes, infos) are those of :class:`gymnasium.vector.SyncVectorEnv`, bit for bit.
 
     Example
     -------
@@ -68,24 +59,25 @@ class ShmVecEnv(VectorEnv):
     env_fns : sequence of callables
         Factories returning ``gymnasium.Env``; lambdas and closures are fine (cloudpickle).
     num_workers : int, optional
-        Number of lanes stepped in parallel, each by a worker process; defaults to the usable
-        cores (at most ``num_envs``). With ``step_in_main`` the calling process steps one of them.
+        Worker processes, each stepping one block (a contiguous range) of the envs. Defaults to
+        the usable cores, less one with ``step_in_main`` (at most ``num_envs`` blocks in all).
+        ``0`` is allowed with ``step_in_main``: every env then runs in the calling process.
     batch_size : int, optional
         Envs that :meth:`recv` hands back at a time; defaults to ``num_envs`` (synchronous
         collection, :meth:`step` works). Smaller: asynchronous collection with
-        :meth:`send`/:meth:`recv` (``docs/async.md``); it must be a multiple of the lane size
-        ``num_envs / num_workers``, and ``num_envs`` must divide by ``num_workers``.
+        :meth:`send`/:meth:`recv` (``docs/async.md``); ``num_envs`` must divide into equal
+        blocks, and ``batch_size`` must be a multiple of the block size.
     step_in_main : bool, default False
         ``False`` (the default): every env runs in a worker process, so an env that raises,
         segfaults, calls ``os._exit``, blows up its memory or hangs cannot take the calling
         process down (it comes back as a :class:`~shmvec.WorkerError` or
         :class:`~shmvec.WorkerDied`, or a restart with ``on_error="restart"``). ``True`` is an
-        opt-in speed mode: the calling process steps the last lane itself while the workers
-        step theirs, which on few cores and cheap envs beats waiting (no core idles). It gives
-        up isolation for that lane: an env crash there ends your process, and
+        opt-in speed mode: the calling process steps one more block, the last, itself while the
+        workers step theirs, which on few cores and cheap envs beats waiting (no core idles). It
+        gives up isolation for that block: an env crash there ends your process, and
         ``on_error="restart"`` can only recover from exceptions in it. With asynchronous
-        collection and ``True``, :meth:`recv` steps the calling process's lane while fewer
-        than a batch's worth of worker lanes sent before it are done (``docs/async.md``).
+        collection and ``True``, :meth:`recv` steps the calling process's block while fewer
+        than a batch's worth of worker blocks sent before it are done (``docs/async.md``).
     autoreset_mode : AutoresetMode or str, default NEXT_STEP
         Gymnasium's autoreset mode: ``NEXT_STEP``, ``SAME_STEP`` or ``DISABLED``.
     copy : bool, default True
@@ -107,22 +99,23 @@ class ShmVecEnv(VectorEnv):
         ``TypeError``, as in Gymnasium.
     on_error : {"raise", "restart"}, default "raise"
         What a fault during ``step`` does. ``"raise"``: close the vector env cleanly and
-        raise the error. ``"restart"``: replace the failed worker (or the main process's lane)
-        with new envs, reset them, and carry on: each of its envs returns the first observation
-        of a new episode with reward 0, ``terminated=False``, ``truncated=True`` and
+        raise the error. ``"restart"``: replace the failed worker (or the calling process's
+        block) with new envs, reset them, and carry on: each of its envs returns the first
+        observation of a new episode with reward 0, ``terminated=False``, ``truncated=True`` and
         ``infos["restarted"]`` set (no ``final_obs``: the old episode's last observation is
         lost). The step after is a normal step, also under NEXT_STEP. Every restart is
-        recorded in :attr:`restarts` as ``(worker_index, env_range, exception)``. Faults in
-        ``reset``, ``call`` and ``set_attr`` always raise.
+        recorded in :attr:`restarts` as ``(worker_index, env_range, exception)``
+        (``worker_index`` is ``None`` for the calling process's block). Faults in ``reset``,
+        ``call`` and ``set_attr`` always raise.
     check_finite : bool, default False
         Raise :class:`~shmvec.NonFiniteError` (naming the env and the field) when a step or
         reset returns a NaN or infinite reward or floating-point observation. Costs one
         ``isfinite`` pass over the batch per step. The vector env stays usable.
     spin_us : float, optional
-        Microseconds a wait spins before it blocks. Default: workers spin 2000 when
-        ``num_workers`` <= cores, else 0; the calling process spins 2000 when worker processes
-        + 1 <= cores, 150 when it shares the cores with ``num_workers`` <= cores workers (the
-        default layout on a small machine: a short spin catches a cheap step without a kernel
+        Microseconds a wait spins before it blocks. Default: workers spin 2000 when the blocks
+        are no more than the cores, else 0; the calling process spins 2000 when worker processes
+        + 1 <= cores, 150 when it shares the cores with as many workers as cores (the default
+        layout on a small machine: a short spin catches a cheap step without a kernel
         wake-up), else 0. Given, it applies to both sides.
     """
 
@@ -147,18 +140,15 @@ class ShmVecEnv(VectorEnv):
             raise ValueError(f"on_error must be 'raise' or 'restart', got {on_error!r}")
         self.on_error = on_error
         self.check_finite = check_finite
-        self.restarts: list[tuple[int, range, Exception]] = []
-        self._restarted: list[int] | None = None
+        self.restarts: list[tuple[int | None, range, Exception]] = []
         env_fns = env_factories(env_fns, "ShmVecEnv")
         self.num_envs = len(env_fns)
         self.autoreset_mode = parse_autoreset_mode(autoreset_mode)
-        num_workers = usable_cores() if num_workers is None else positive_int(num_workers, "num_workers")
-        self.num_workers = min(num_workers, self.num_envs)
+        self.num_workers = self._count_workers(num_workers, step_in_main)
+        self.num_blocks = self.num_workers + (1 if step_in_main else 0)
         self.batch_size = self._check_batch_size(batch_size)
         self.copy = copy
-        self._pool = WorkerPool(
-            env_fns, self.num_workers, step_in_main, context, self.autoreset_mode.value, timeout, spin_us
-        )
+        self._pool = WorkerPool(env_fns, self.num_workers, step_in_main, context, self.autoreset_mode, timeout, spin_us)
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
         # Closes this env when the code it guards raises (a weak reference: no cycle keeps
         # the env alive past its last user, whose garbage collection closes it).
@@ -175,69 +165,73 @@ class ShmVecEnv(VectorEnv):
 
         layout, views = pool.layout, pool.views
         self._actions = ActionBatch(self.single_action_space, validate_actions)
-        self._act_views = layout.leaf_views(views, "act")
-        self._obs_views = layout.leaf_views(views, "obs")
-        self._obs_leaves = layout.obs_leaves
-        self._flat_obs = len(layout.obs_leaves) == 1 and not layout.obs_leaves[0].path
-        # Variable-size leaves: batched as a tuple of one object per env, as Gymnasium does.
-        self._pickled_obs = [leaf.pickled for leaf in layout.obs_leaves] if layout.pickled("obs/") else None
-        self._final_views = layout.leaf_views(views, "final_obs") if layout.with_final_obs else []
-        # infos["final_obs"] holds one env's observation as the env returned it, as SyncVectorEnv
-        # keeps it: envs give a Discrete observation as a Python int, any other fixed leaf as an
-        # array (0-d for a scalar Box), a pickled leaf as its object. Read back, each is made so again.
-        self._final_item = [
-            _object_item if leaf.pickled else _int_item if isinstance(leaf.space, gym.spaces.Discrete) else _array_item
-            for leaf in layout.obs_leaves
-        ]
-        readonly = []
-        for v in (*self._obs_views, views["rewards"], views["terminations"], views["truncations"]):
-            ro = v.view()
-            ro.flags.writeable = False
-            readonly.append(ro)
-        k = len(self._obs_views)
-        self._obs_readonly_leaves = readonly[:k]
-        self._obs_readonly = assemble(self.single_observation_space, readonly[:k])
-        self._rewards_ro, self._terms_ro, self._truncs_ro = readonly[k:]
-        self._rewards, self._terms, self._truncs = views["rewards"], views["terminations"], views["truncations"]
+        self._results = Results(self.single_observation_space, layout, views)
+        self._home: Targets = self._results.home  # where a synchronous step's results land
+        self._infos = InfoMerger(self.single_observation_space, layout.obs_leaves, self.num_envs)
         self._autoreset = views["autoreset"]
-        # Where a synchronous step's results land (a rollout's rows are other Targets).
-        self._home = Targets(
-            self._obs_views, self._final_views, self._act_views, self._rewards, self._terms, self._truncs
-        )
-        self._current_obs = self._obs_views  # the leaves holding every env's latest observation
+        self._current_obs = self._home.obs  # the leaves holding every env's latest observation
         self._storage: RolloutStorage | None = None
         self._stats = {name: views[name] for name in ("last_return", "last_length", "episode_count")}
-        self._needs_reset = True
-        lanes = len(pool.lanes)
-        self._lane_states = pool.states  # read on the step path (see _drain)
-        # Async: the batch the last recv returned, until a send: (ids, index, contiguous, lanes).
-        self._last: tuple | None = None
-        self._batches: dict[tuple[int, ...], tuple] = {}  # lanes -> (ids, index, contiguous, lanes), see _batch_of
-        # Whole lanes per recv: all of them in sync mode (whose lanes may differ in size by one env).
-        self._batch_lanes = lanes if self.batch_size == self.num_envs else self.batch_size // len(pool.lanes[0])
-        self._held: tuple | None = (
-            None  # async: (batch, its _batch_of entry) refused by check_finite, for the next recv
+        self._state = Lifecycle.NEEDS_RESET
+        self._block_states = pool.states  # read on the step path (see _guard)
+        # Asynchronous collection: the batch the last recv returned (until a send), the batches
+        # made so far, and a batch that check_finite refused, for the next recv.
+        self._batches = Batches(pool.blocks)
+        self._last: Batch | None = None
+        self._held: tuple[tuple, Batch] | None = None
+        # Whole blocks per recv: all of them in sync mode (whose blocks may differ in size by one env).
+        self._batch_blocks = (
+            self.num_blocks if self.batch_size == self.num_envs else self.batch_size // len(pool.blocks[0])
         )
 
+    def _count_workers(self, num_workers: int | None, step_in_main: bool) -> int:
+        main = 1 if step_in_main else 0
+        if num_workers is None:
+            return max(0, min(usable_cores(), self.num_envs) - main)
+        if step_in_main and num_workers == 0:
+            return 0
+        return min(positive_int(num_workers, "num_workers"), self.num_envs - main)
+
     def _check_batch_size(self, batch_size: int | None) -> int:
-        n, w = self.num_envs, self.num_workers
+        n, blocks = self.num_envs, self.num_blocks
         if batch_size is None or batch_size == n:
             return n
         if not isinstance(batch_size, int) or not 0 < batch_size < n:
             raise ValueError(f"batch_size must be an int in 1..num_envs={n}, got {batch_size!r}")
         if self.autoreset_mode is AutoresetMode.DISABLED:
             raise ValueError("asynchronous collection supports autoreset modes NEXT_STEP and SAME_STEP, not DISABLED")
-        if n % w:
+        if n % blocks:
             raise ValueError(
-                f"asynchronous collection needs num_envs ({n}) divisible by num_workers ({w}): "
-                "batches are made of whole workers' blocks"
+                f"asynchronous collection needs num_envs ({n}) divisible into {blocks} equal blocks "
+                f"({self.num_workers} workers{' + the calling process' if blocks > self.num_workers else ''}): "
+                "batches are made of whole blocks"
             )
-        if batch_size % (n // w):
+        if batch_size % (n // blocks):
             raise ValueError(
-                f"batch_size ({batch_size}) must be a multiple of the envs per worker "
-                f"({n // w} = num_envs {n} / num_workers {w})"
+                f"batch_size ({batch_size}) must be a multiple of the envs per block "
+                f"({n // blocks} = num_envs {n} / {blocks} blocks)"
             )
         return batch_size
+
+    # -- the one guard -----------------------------------------------------------------------
+    def _guard(self, method: str, needs_reset: bool = True, sync: bool = True) -> None:
+        """Refuse ``method`` on a closed env (and, where it ``needs_reset``, on one not reset
+        yet); before a synchronous round (``sync``), wait for the commands in flight that
+        ``send``/``async_reset`` started and drop their results (their actions must not be
+        overwritten, and nothing may answer two commands).
+        """
+        if self._state is not _READY:
+            refuse(self._state, "ShmVecEnv", method, needs_reset)
+        if sync:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Wait for every command in flight and drop its results (before a synchronous round)."""
+        if _IN_FLIGHT not in self._block_states:  # the usual case, on the step path
+            return
+        with self._closing:
+            _, _, failures = self._pool.receive(len(self._block_states))
+            self._pool.raise_first({b: e for b, e in failures.items() if not isinstance(e, WorkerError)})
 
     # -- the VectorEnv API ----------------------------------------------------------------
     def reset(
@@ -250,8 +244,9 @@ class ShmVecEnv(VectorEnv):
 
         ``seed=int`` seeds env ``i`` with ``seed + i``; a list gives one seed (or ``None``) per env.
         """
+        self._guard("reset", needs_reset=False)
         n = self.num_envs
-        seeds = seeds_per_env(seed, self.num_envs)
+        seeds = seeds_per_env(seed, n)
         mask = None
         if options is not None and "reset_mask" in options:
             options = dict(options)
@@ -268,21 +263,16 @@ class ShmVecEnv(VectorEnv):
                     "`options['reset_mask']` must contain a boolean array with at least one True "
                     f"value, got reset_mask={mask}"
                 )
-        payloads = reset_payloads(seeds, options, mask, self._pool.lanes)
-        self._restarted = None  # a restart reported by the last step is not this reset's
-        replies = self._run(Command.RESET, payloads)  # (which drains sends not received)
-        self._needs_reset = False
-        self._current_obs = self._obs_views
+        replies, _ = self._round(Command.RESET, reset_payloads(seeds, options, mask, self._pool.blocks))
+        self._state = _READY
+        self._current_obs = self._home.obs
         if self.check_finite:
-            self._check_finite(rewards=False)
-        return self._observations(), self._merge_infos(replies, same_step=False)
+            self._results.check_finite(rewards=False)
+        return self._results.observations(self.copy), self._infos.merge(replies, False, self._home, [])
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with its row of ``actions``; see Gymnasium's ``VectorEnv.step``."""
-        if self._needs_reset:
-            if self.closed:
-                raise ClosedError("step() on a closed ShmVecEnv")
-            raise ResetNeeded("ShmVecEnv.step() was called before reset(); call reset() first")
+        self._guard("step", sync=False)  # (a refused step must not drain what send() started)
         if self.batch_size != self.num_envs:
             raise ValueError(
                 f"this ShmVecEnv collects asynchronously (batch_size={self.batch_size} < "
@@ -294,23 +284,22 @@ class ShmVecEnv(VectorEnv):
                 f"envs {ended} ended their episode and autoreset_mode is DISABLED: reset them first "
                 "with reset(options={'reset_mask': mask})"
             )
-        self._drain()  # sends not received: their actions must not be overwritten
-        self._write_actions(actions)
-        self._restarted = None
-        self._current_obs = self._obs_views
-        replies = self._run(Command.STEP, drained=True)
-        infos = self._merge_infos(replies, same_step=self.autoreset_mode is AutoresetMode.SAME_STEP)
+        self._drain()
+        self._write_actions(actions, self._home.act)
+        self._current_obs = self._home.obs
+        replies, restarted = self._round(Command.STEP)
+        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
+        infos = self._infos.merge(replies, same_step, self._home, restarted)
         if self.check_finite:
-            self._check_finite(rewards=True)
-        if self.copy:
-            return self._observations(), self._rewards.copy(), self._terms.copy(), self._truncs.copy(), infos
-        obs = self._obs_readonly if self._pickled_obs is None else self._observations()
-        return obs, self._rewards_ro, self._terms_ro, self._truncs_ro, infos
+            self._results.check_finite(rewards=True)
+        return (*self._results.step(self.copy), infos)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read the attribute if not callable)."""
-        replies = self._run(Command.CALL, [(name, args, kwargs)] * len(self._pool.lanes), closes_on_error=False)
-        return tuple(result for lane in replies for result in lane)
+        self._guard("call", needs_reset=False)
+        payloads = [(name, args, kwargs)] * self.num_blocks
+        replies, _ = self._round(Command.CALL, payloads, closes_on_error=False)
+        return tuple(result for block in replies for result in block)
 
     def get_attr(self, name: str) -> tuple[Any, ...]:
         """The attribute ``name`` of every env."""
@@ -318,15 +307,17 @@ class ShmVecEnv(VectorEnv):
 
     def set_attr(self, name: str, values: list[Any] | tuple[Any, ...] | Any) -> None:
         """Set attribute ``name`` of every env: one value for all, or a list/tuple of one per env."""
-        self._run(Command.SET_ATTR, set_attr_payloads(name, values, self._pool.lanes), closes_on_error=False)
+        self._guard("set_attr", needs_reset=False)
+        self._round(Command.SET_ATTR, set_attr_payloads(name, values, self._pool.blocks), closes_on_error=False)
 
+    # Gymnasium's VectorEnv types these for one generator; its vector envs, ours too, give one per env.
     @property
-    def np_random_seed(self) -> tuple[int, ...]:
+    def np_random_seed(self) -> tuple[int, ...]:  # type: ignore[override]
         """Each env's ``np_random_seed`` (its last reset's seed), as Gymnasium's vector envs give it."""
         return self.get_attr("np_random_seed")
 
-    @property
-    def np_random(self) -> tuple[np.random.Generator, ...]:
+    @property  # type: ignore[misc]  # read-only here: a generator in a worker cannot be replaced from here
+    def np_random(self) -> tuple[np.random.Generator, ...]:  # type: ignore[override]
         """Each env's random generator (a copy, for envs stepped in worker processes), as
         ``AsyncVectorEnv`` gives them.
         """
@@ -338,8 +329,14 @@ class ShmVecEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         """Stop the workers, close every env and release the shared memory."""
-        self._needs_reset = True
+        self._state = _CLOSED
         self._finalizer()
+
+    def __enter__(self) -> ShmVecEnv:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     # -- asynchronous collection (EnvPool style) -------------------------------------------
     def async_reset(
@@ -349,13 +346,11 @@ class ShmVecEnv(VectorEnv):
 
         ``seed`` and ``options`` are as in :meth:`reset` (``reset_mask`` excepted).
         """
-        if self.closed:
-            raise ClosedError("this ShmVecEnv is closed; create a new one")
+        self._guard("async_reset", needs_reset=False)
         seeds = seeds_per_env(seed, self.num_envs)
-        self._drain()
-        payloads = reset_payloads(seeds, options, None, self._pool.lanes)
-        self._submit(Command.RESET, list(range(len(self._pool.lanes))), payloads)
-        self._needs_reset = False
+        payloads = reset_payloads(seeds, options, None, self._pool.blocks)
+        self._submit(Command.RESET, list(range(self.num_blocks)), payloads)
+        self._state = _READY
 
     def send(self, actions: Any, env_ids: Any) -> None:
         """Step the envs ``env_ids`` (those :meth:`recv` just returned) with ``actions``.
@@ -363,130 +358,56 @@ class ShmVecEnv(VectorEnv):
         ``actions`` holds one row per env of ``env_ids``, in that order. After :meth:`reset`,
         every env is ready for a ``send``.
         """
-        if self._needs_reset:
-            if self.closed:
-                raise ClosedError("send() on a closed ShmVecEnv")
-            raise ResetNeeded("send() was called before reset() or async_reset()")
+        self._guard("send", sync=False)
         batch = self._last
-        if batch is None or env_ids is not batch[0]:  # the usual loop passes the (read-only) ids recv() returned
-            batch = self._batch_of(self._lanes_of(np.asarray(env_ids)))
-        ids, index, _, lanes = batch
-        self._write_actions(actions, (len(ids), index))
-        self._submit(Command.STEP, lanes, None)
+        if batch is None or env_ids is not batch.ids:  # the usual loop passes the (read-only) ids recv() returned
+            batch = self._batches.covering(env_ids, self._block_states, self._last is not None)
+        self._write_actions(actions, self._home.act, batch)
+        self._submit(Command.STEP, batch.blocks, None)
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]:
         """Wait for ``batch_size`` envs to finish; return their results and ids.
 
         Returns ``(obs, rewards, terminations, truncations, infos, env_ids)``, each with one row
-        per env of ``env_ids`` (a whole number of lanes, in env order): ``batch_size``
+        per env of ``env_ids`` (a whole number of blocks, in env order): ``batch_size``
         envs, or all those in flight if fewer (when you hold some back). Blocks that finish
         first are returned first. Autoreset, infos and episode statistics behave as in
-        :meth:`step`. With ``copy=False`` a batch of adjacent lanes comes as read-only views.
+        :meth:`step`. With ``copy=False`` a batch of adjacent blocks comes as read-only views.
         ``env_ids`` is read-only: pass it back to :meth:`send` as it is (the cheapest check).
         """
-        if self.closed:
-            raise ClosedError("recv() on a closed ShmVecEnv")
+        self._guard("recv", needs_reset=False, sync=False)
         if self._held is not None:
-            (batch, self._last), self._held = self._held, None
-            return batch
-        if _IN_FLIGHT not in self._lane_states:
-            raise RuntimeError("recv() with no env in flight: call send() (or async_reset()) first")
+            (result, self._last), self._held = self._held, None
+            return result
+        if _IN_FLIGHT not in self._block_states:
+            raise NothingInFlightError("recv() with no env in flight: call send() (or async_reset()) first")
         pool = self._pool
-        with self._closing:  # fewer lanes in flight than a batch (envs held back): what there is
-            ready, got, failures = pool.receive(self._batch_lanes)
-        self._restarted = None
+        with self._closing:  # fewer blocks in flight than a batch (envs held back): what there is
+            ready, got, failures = pool.receive(self._batch_blocks)
         commands = pool.commands
+        restarted: list[int] = []
         if failures:
-            self._settle(failures, all(commands[lane] == Command.STEP for lane in failures), self._home)
-        self._last = last = self._batch_of(ready)
-        ids, index, contiguous, _ = last
-        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(
-            commands[lane] == Command.STEP for lane in ready
-        )
-        infos = self._merge_infos([got.get(lane) for lane in ready], same_step=same_step, ids=ids)
-        if self._pickled_obs is not None:
-            obs = self._with_objects(index, contiguous)
-        elif not self.copy and contiguous:
-            obs = assemble(self.single_observation_space, [v[index] for v in self._obs_readonly_leaves])
-        else:
-            obs = assemble(
-                self.single_observation_space, [v[index].copy() if contiguous else v[index] for v in self._obs_views]
-            )
-        if not self.copy and contiguous:
-            batch = (obs, self._rewards_ro[index], self._terms_ro[index], self._truncs_ro[index], infos, ids)
-        else:
-            batch = (
-                obs,
-                self._rewards[index].copy(),
-                self._terms[index].copy(),
-                self._truncs[index].copy(),
-                infos,
-                ids,
-            )
+            restartable = all(commands[b] == Command.STEP for b in failures)
+            restarted = self._settle(failures, restartable, self._home)
+        self._last = batch = self._batches.of(ready)
+        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP and any(commands[b] == Command.STEP for b in ready)
+        infos = self._infos.merge([got.get(b) for b in ready], same_step, self._home, restarted, batch.ids)
+        result = (*self._results.batch(batch.rows, batch.contiguous, self.copy), infos, batch.ids)
         if self.check_finite:
             try:
-                self._check_finite(rewards=True, index=index)
+                self._results.check_finite(rewards=True, index=batch.rows)
             except NonFiniteError as exc:
                 # Nothing is lost: the next recv() hands this batch over as it is.
-                self._held, exc.env_ids = (batch, last), ids
+                self._held, exc.env_ids = (result, batch), batch.ids
                 raise
-        return batch
+        return result
 
-    def _batch_of(self, ready: list[int]) -> tuple[np.ndarray, slice | np.ndarray, bool, list[int]]:
-        """``(env_ids, index, contiguous, lanes)`` of a batch made of the lanes ``ready``, made once
-        per combination: the ids are read-only, so the same array can be handed out every time.
-        """
-        key = tuple(ready)
-        batch = self._batches.get(key)
-        if batch is None:
-            lanes = [self._pool.lanes[lane] for lane in ready]
-            contiguous = all(a.stop == b.start for a, b in zip(lanes, lanes[1:]))
-            ids = np.concatenate([np.arange(r.start, r.stop) for r in lanes])
-            ids.flags.writeable = False  # so that send() can tell them by identity (see send)
-            index = slice(lanes[0].start, lanes[-1].stop) if contiguous else ids
-            batch = self._batches[key] = (ids, index, contiguous, list(ready))
-        return batch
-
-    def _lanes_of(self, ids: np.ndarray) -> list[int]:
-        """The idle lanes that ``ids`` covers exactly, or a ValueError saying what is expected."""
-        lanes, states = self._pool.lanes, self._lane_states
-        hint = (
-            "the env_ids returned by the last recv()"
-            if self._last is not None
-            else "env ids of whole idle workers' blocks"
-        )
-        if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in "iu":
-            raise ValueError(f"env_ids must be a 1-d integer array of {hint}; got {ids!r:.120}")
-        starts = {envs.start: lane for lane, envs in enumerate(lanes)}
-        out: list[int] = []
-        pos = 0
-        while pos < ids.size:
-            lane = starts.get(int(ids[pos]), -1)
-            envs = lanes[lane] if lane >= 0 else None
-            if envs is None or not np.array_equal(ids[pos : pos + len(envs)], np.arange(envs.start, envs.stop)):
-                raise ValueError(f"env_ids must be {hint} (whole blocks of workers' envs); got {ids!r:.120}")
-            if lane in out:
-                raise ValueError(f"env_ids repeats a block: {ids!r:.120}")
-            if states[lane] is not LaneState.IDLE:
-                raise ValueError(f"envs {envs.start}..{envs.stop - 1} are already stepping: send() takes {hint}")
-            out.append(lane)
-            pos += len(envs)
-        return out
-
-    def _submit(self, cmd: int, lanes: list[int], payloads: list | None) -> None:
+    def _submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:
         self._held = None
         with self._closing:
-            self._pool.submit(cmd, lanes, payloads)
+            self._pool.submit(cmd, blocks, payloads)
         self._last = None
-        self._current_obs = self._obs_views  # where a later rollout() starts from
-
-    def _drain(self) -> None:
-        """Wait for every command in flight and drop its results (before a synchronous round)."""
-        if _IN_FLIGHT not in self._lane_states:  # the usual case, on the step path: no list built
-            return
-        with self._closing:
-            _, _, failures = self._pool.receive(len(self._lane_states))
-            self._pool.raise_first({lane: e for lane, e in failures.items() if not isinstance(e, WorkerError)})
+        self._current_obs = self._home.obs  # where a later rollout() starts from
 
     # -- rollouts written in place --------------------------------------------------------
     def rollout(self, policy: Callable[[Any], Any], num_steps: int) -> dict[str, Any]:
@@ -546,8 +467,17 @@ class ShmVecEnv(VectorEnv):
             actions or extras of the wrong shape (the envs stay usable: a later call continues
             from the last step that ran).
         """
-        self._check_rollout(policy, num_steps)
-        self._drain()  # sends not received: finish them before row 0 is taken
+        self._guard("rollout", sync=False)
+        check_rollout(
+            policy,
+            num_steps,
+            self.single_observation_space,
+            self.single_action_space,
+            self.batch_size,
+            self.num_envs,
+            self.autoreset_mode,
+        )
+        self._drain()  # what send() started finishes before row 0 is taken
         storage = self._storage
         if storage is None or storage.num_steps != num_steps:
             with self._closing:
@@ -560,61 +490,13 @@ class ShmVecEnv(VectorEnv):
                 next_step=self.autoreset_mode is AutoresetMode.NEXT_STEP,
             )
         storage.start(self._current_obs, self._autoreset)
-        act_space, check_finite = self.single_action_space, self.check_finite
-        same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
-        restarted: list[tuple[int, list[int]]] = []
-        done = 0
         try:
-            for t in range(num_steps):
-                actions, extras = split_policy_output(policy(storage.policy_obs[t]), act_space)
-                out = storage.rows[t]
-                self._write_actions(actions, views=out.act)
-                storage.record_extras(t, extras)
-                self._restarted = None
-                replies = self._run(Command.ROLLOUT_STEP, arg=t, out=out)
-                done = t + 1
-                if self._restarted:
-                    restarted.append((t, self._restarted))
-                if self._restarted or any(replies):
-                    storage.infos[t] = self._merge_infos(replies, same_step, out=out)
-                if check_finite:
-                    self._check_finite(rewards=True, out=out)
+            fill(storage, policy, _RolloutRounds(self, storage), self.single_action_space)
         finally:
-            self._current_obs = [o[done] for o in storage.obs]
-        storage.finish(restarted)
+            self._current_obs = [o[storage.rows_done] for o in storage.obs]
         return storage.batch()
 
-    def _check_rollout(self, policy: Any, num_steps: Any) -> None:
-        if self._needs_reset:
-            if self.closed:
-                raise ClosedError("rollout() on a closed ShmVecEnv")
-            raise ResetNeeded("ShmVecEnv.rollout() was called before reset(); call reset() first")
-        pickled = pickled_fields(self.single_observation_space, self.single_action_space)
-        if pickled:
-            raise ValueError(
-                f"rollout() keeps every step in shared memory, which cannot hold {', '.join(pickled)}: "
-                "its samples have no fixed size. Use step() or send()/recv() for this env."
-            )
-        if self.batch_size != self.num_envs:
-            raise ValueError(
-                f"rollout() steps every env together; this ShmVecEnv collects asynchronously "
-                f"(batch_size={self.batch_size} < num_envs={self.num_envs}): use shmvec.AsyncRollout"
-            )
-        if self.autoreset_mode is AutoresetMode.DISABLED:
-            raise ValueError(
-                "rollout() needs autoreset_mode NEXT_STEP or SAME_STEP: under DISABLED an env "
-                "that ends its episode mid-rollout could not go on"
-            )
-        positive_int(num_steps, "rollout(num_steps=...)")
-        if not callable(policy):
-            raise TypeError(f"rollout(policy=...) must be callable (obs -> actions), got {type(policy).__name__}")
-
-    def __enter__(self) -> ShmVecEnv:
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
-
+    # -- properties -----------------------------------------------------------------------
     @property
     def validate_actions(self) -> bool:
         """Whether actions are checked against the action space before any worker sees them."""
@@ -629,14 +511,20 @@ class ShmVecEnv(VectorEnv):
         """The shared result buffers, as read-only views: for zero-copy consumers
         (``shmvec.torch`` pins them for asynchronous copies to a GPU).
         """
-        return SharedBuffers(self._obs_readonly, self._rewards_ro, self._terms_ro, self._truncs_ro)
+        return self._results.buffers
+
+    @property
+    def blocks(self) -> list[range]:
+        """The envs of each block: block ``k`` is stepped by worker ``k``; with ``step_in_main``
+        the last one by the calling process. Asynchronous batches are made of whole blocks.
+        """
+        return list(self._pool.blocks)
 
     @property
     def worker_pids(self) -> list[int]:
         """Process ids of the worker processes (empty once closed)."""
         return self._pool.worker_pids
 
-    # -- episode statistics ---------------------------------------------------------------
     @property
     def episode_returns(self) -> np.ndarray:
         """Return of each env's last finished episode (0 until one finishes), counted in the workers."""
@@ -652,170 +540,100 @@ class ShmVecEnv(VectorEnv):
         """Number of finished episodes per env since construction."""
         return self._stats["episode_count"].copy()
 
-    # -- internals ------------------------------------------------------------------------
-    def _run(
+    # -- rounds and the error policy --------------------------------------------------------
+    def _round(
         self,
         cmd: int,
         payloads: list | None = None,
         closes_on_error: bool = True,
         arg: int = 0,
         out: Targets | None = None,
-        drained: bool = False,
-    ) -> list:
-        """One command round; apply ``on_error`` to the lanes that failed (a step's results go to
-        ``out``, by default the regular regions). ``drained``: the caller has just drained.
+    ) -> tuple[list, list[int]]:
+        """One synchronous command round (after :meth:`_guard`); apply ``on_error`` to the blocks
+        that failed. Returns ``(replies, envs restarted)``; a step's results go to ``out``
+        (default: the regular regions).
         """
-        if self.closed:
-            raise ClosedError("this ShmVecEnv is closed; create a new one")
-        if not drained:
-            self._drain()  # sends not received (a sync round after send/async_reset)
         self._held = None
         with self._closing:
             replies, failures = self._pool.run(cmd, payloads, arg=arg)
-        if failures:
-            self._settle(
-                failures,
-                cmd == Command.STEP or cmd == Command.ROLLOUT_STEP,
-                self._home if out is None else out,
-                closes_on_error,
-            )
-        return replies
+        if not failures:
+            return replies, []
+        restartable = cmd == Command.STEP or cmd == Command.ROLLOUT_STEP
+        return replies, self._settle(failures, restartable, self._home if out is None else out, closes_on_error)
 
-    def _settle(
-        self, failures: dict[int, Exception], restartable: bool, out: Targets, closes_on_error: bool = True
-    ) -> None:
-        """Apply ``on_error`` to the lanes that failed: restart them (a step's results go to
-        ``out``) when ``restartable`` and asked to, else raise the first failure. Raising closes
-        the env, unless ``closes_on_error`` is False and only envs raised (call, set_attr).
+    def _settle(self, failures: Failures, restartable: bool, out: Targets, closes_on_error: bool = True) -> list[int]:
+        """Apply ``on_error`` to the blocks that failed: restart them (a step's results go to
+        ``out``) when ``restartable`` and asked to, and return the envs restarted; else raise
+        the first failure. Raising closes the env, unless ``closes_on_error`` is False and only
+        envs raised (call, set_attr).
         """
         if restartable and self.on_error == "restart":
             with self._closing:
-                self._restart(failures, out)
-            return
+                return self._restart(failures, out)
         if closes_on_error or any(not isinstance(exc, WorkerError) for exc in failures.values()):
             with self._closing:  # a lost worker, or a step or reset half done: the envs' state is unknown
                 self._pool.raise_first(failures)
-        else:
-            self._pool.raise_first(failures)
+        self._pool.raise_first(failures)
+        return []  # not reached: raise_first raised
 
-    def _restart(self, failures: dict[int, Exception], out: Targets) -> None:
-        """Give the failed lanes new envs, reset them, and mark them in this step's results ``out``."""
-        pool, lanes = self._pool, sorted(failures)
-        for lane in lanes:
-            pool.restart_lane(lane)
-        payloads = [(None, None, None) if lane in failures else None for lane in range(len(pool.lanes))]
-        _, again = pool.run(Command.RESET, payloads, lane_ids=lanes)
+    def _restart(self, failures: Failures, out: Targets) -> list[int]:
+        """Give the failed blocks new envs, reset them, and mark them in this step's results
+        ``out``; return the envs restarted.
+        """
+        pool, blocks = self._pool, sorted(failures)
+        for block in blocks:
+            pool.restart_block(block)
+        payloads = [(None, None, None) if b in failures else None for b in range(self.num_blocks)]
+        _, again = pool.run(Command.RESET, payloads, block_ids=blocks)
         pool.raise_first(again)
-        for lane in lanes:
-            sl = slice(pool.lanes[lane].start, pool.lanes[lane].stop)
+        main = pool.main_index
+        for block in blocks:
+            sl = slice(pool.blocks[block].start, pool.blocks[block].stop)
             if out is not self._home:  # the reset wrote the regular regions
-                for dst, src in zip(out.obs, self._obs_views):
+                for dst, src in zip(out.obs, self._home.obs):
                     dst[sl] = src[sl]
             out.rewards[sl] = 0.0
             out.terminations[sl] = False
             out.truncations[sl] = True
-            self.restarts.append((lane, pool.lanes[lane], failures[lane]))
-        self._restarted = [i for lane in lanes for i in pool.lanes[lane]]
+            self.restarts.append((None if block == main else block, pool.blocks[block], failures[block]))
+        return [i for block in blocks for i in pool.blocks[block]]
 
-    def _check_finite(self, rewards: bool, index: slice | np.ndarray = slice(None), out: Targets | None = None) -> None:
-        out = self._home if out is None else out
-        arrays = [("reward", out.rewards)] if rewards else []
-        arrays += [
-            (f"observation{leaf.field}", view)
-            for leaf, view in zip(self._obs_leaves, out.obs)
-            if view.dtype.kind == "f"
-        ]
-        for name, arr in arrays:
-            finite = np.isfinite(arr[index])
-            if not finite.all():
-                env = int(np.arange(self.num_envs)[index][np.argwhere(~finite)[0][0]])
-                raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}", env)
-
-    def _merge_infos(
-        self, replies: list, same_step: bool, ids: range | np.ndarray | None = None, out: Targets | None = None
-    ) -> dict[str, Any]:
-        """Gymnasium's dict-of-arrays infos, built in env order exactly as SyncVectorEnv does.
-
-        ``ids``: the envs of the batch (all envs when ``None``); info arrays are indexed by
-        position in the batch. ``out``: where the step wrote its flags and final observations.
-        """
-        out = self._home if out is None else out
-        terms, truncs = out.terminations, out.truncations
-        reports = {env: (final_info, info) for lane in replies if lane for env, final_info, info in lane}
-        restarted = self._restarted or ()
-        if not (reports or same_step or restarted):
-            return {}  # the usual step: nothing to say
-        if ids is None:
-            size, pos = self.num_envs, None
-            ended = np.flatnonzero(terms | truncs).tolist() if same_step else []
-        else:
-            size = len(ids)
-            pos = {int(i): k for k, i in enumerate(ids)}
-            ended = [int(ids[k]) for k in np.flatnonzero(terms[ids] | truncs[ids])] if same_step else []
-        ended = [i for i in ended if i not in restarted]  # a restarted env has no final obs to give
-        infos: dict[str, Any] = {}
-        columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # the envs' flat keys, once seen
-        if reports or ended or restarted:
-            for i in sorted(reports.keys() | set(ended) | set(restarted)):
-                k = i if pos is None else pos[i]
-                final_info, info = reports.get(i, (None, None))
-                if i in ended:
-                    final_obs = assemble(
-                        self.single_observation_space, [item(v, i) for v, item in zip(out.final_obs, self._final_item)]
-                    )
-                    add_info(infos, {"final_obs": final_obs, "final_info": final_info or {}}, k, size)
-                if info:
-                    add_info(infos, info, k, size, columns)
-                if i in restarted:
-                    add_info(infos, {"restarted": True}, k, size)
-        return infos
-
-    def _observations(self) -> Any:
-        if self._pickled_obs is not None:
-            return self._with_objects(slice(None), True)
-        if not self.copy:
-            return self._obs_readonly
-        if self._flat_obs:
-            return self._obs_views[0].copy()
-        return assemble(self.single_observation_space, [v.copy() for v in self._obs_views])
-
-    def _with_objects(self, index: slice | np.ndarray, contiguous: bool) -> Any:
-        """The observations of the envs ``index`` when the space has pickled leaves: those are
-        a tuple of one object per env (deep copies with ``copy=True``), as Gymnasium's
-        ``concatenate`` batches them; the other leaves as :meth:`recv` gives them.
-        """
-        leaves = []
-        views = self._obs_views if self.copy or not contiguous else self._obs_readonly_leaves
-        for view, pickled in zip(views, self._pickled_obs):
-            part = view[index]
-            if pickled:
-                part = deepcopy(tuple(part)) if self.copy else tuple(part)
-            elif self.copy and contiguous:
-                part = part.copy()
-            leaves.append(part)
-        return assemble(self.single_observation_space, leaves)
-
-    def _write_actions(
-        self, actions: Any, batch: tuple[int, slice | np.ndarray] | None = None, views: list | None = None
-    ) -> None:
-        """Check ``actions`` (for all envs, or for a ``batch``: its size and its index into the
-        regions, from :meth:`_batch_of`) and write them into shared memory (the regular
-        regions, or the per-leaf ``views`` of a rollout row).
+    def _write_actions(self, actions: Any, views: list[np.ndarray], batch: Batch | None = None) -> None:
+        """Check ``actions`` (for all envs, or for a ``batch``) and write them into ``views``
+        (the regular action regions, or a rollout row's).
         """
         # Under NEXT_STEP an env that ended its episode is reset by this step and never sees its
         # action; Gymnasium hands it any value, so its row is not checked against the space.
         ignored = None
         if self.autoreset_mode is AutoresetMode.NEXT_STEP:
-            ignored = self._autoreset if batch is None else self._autoreset[batch[1]]
-        checked = self._actions.leaf_arrays(actions, self.num_envs if batch is None else batch[0], ignored)
+            ignored = self._autoreset if batch is None else self._autoreset[batch.rows]
+        checked = self._actions.leaf_arrays(actions, self.num_envs if batch is None else len(batch.ids), ignored)
         # Written only once every leaf passed: a refused action leaves nothing half-written.
         # Item assignment casts as np.copyto(casting="unsafe") does, at a third of its cost.
-        index = Ellipsis if batch is None else batch[1]
-        for view, a in zip(self._act_views if views is None else views, checked):
+        index = Ellipsis if batch is None else batch.rows
+        for view, a in zip(views, checked):
             view[index] = a
 
 
-_IN_FLIGHT = LaneState.IN_FLIGHT
+class _RolloutRounds:
+    """A rollout's rounds, row by row (:class:`shmvec.rollout_loop.RowRound`), for one env."""
+
+    __slots__ = ("_env", "_rows", "_same_step")
+
+    def __init__(self, env: ShmVecEnv, storage: RolloutStorage) -> None:
+        self._env, self._rows = env, storage.rows
+        self._same_step = env.autoreset_mode is AutoresetMode.SAME_STEP
+
+    def write_actions(self, t: int, actions: Any) -> None:
+        self._env._write_actions(actions, self._rows[t].act)
+
+    def step_row(self, t: int) -> tuple[dict[str, Any], list[int]]:
+        env, out = self._env, self._rows[t]
+        replies, restarted = env._round(Command.ROLLOUT_STEP, arg=t, out=out)
+        infos = env._infos.merge(replies, self._same_step, out, restarted) if restarted or any(replies) else {}
+        if env.check_finite:
+            env._results.check_finite(rewards=True, out=out)
+        return infos, restarted
 
 
 class _ClosingOnError:
@@ -837,52 +655,3 @@ class _ClosingOnError:
             env = self._env()
             if env is not None:
                 env.close()
-
-
-def _int_item(view: np.ndarray, i: int) -> int:
-    return view[i].item()
-
-
-def _array_item(view: np.ndarray, i: int) -> np.ndarray:
-    return view[i, ...].copy()
-
-
-def _object_item(view: np.ndarray, i: int) -> Any:
-    return view[i]
-
-
-class _MakeEnv:
-    """A picklable ``gym.make`` call (plus wrappers) for one env."""
-
-    def __init__(self, env_id: str, env_kwargs: dict[str, Any], wrappers: Sequence[Callable] | None) -> None:
-        self.env_id, self.env_kwargs, self.wrappers = env_id, env_kwargs, list(wrappers or [])
-
-    def __call__(self) -> gym.Env:
-        env = gym.make(self.env_id, **self.env_kwargs)
-        for wrapper in self.wrappers:
-            env = wrapper(env)
-        return env
-
-
-def make(
-    env_id: str,
-    num_envs: int = 1,
-    *,
-    env_kwargs: dict[str, Any] | None = None,
-    wrappers: Sequence[Callable[[gym.Env], gym.Env]] | None = None,
-    **vector_kwargs: Any,
-) -> ShmVecEnv:
-    """Create a :class:`ShmVecEnv` of ``num_envs`` copies of a registered Gymnasium env.
-
-    >>> import shmvec
-    >>> envs = shmvec.make("CartPole-v1", num_envs=8, num_workers=2)
-    >>> envs.num_envs
-    8
-    >>> envs.close()
-
-    ``env_kwargs`` go to ``gymnasium.make``; ``wrappers`` are applied to each env in order;
-    everything else goes to :class:`ShmVecEnv`.
-    """
-    positive_int(num_envs, "num_envs")
-    factory = _MakeEnv(env_id, dict(env_kwargs or {}), wrappers)
-    return ShmVecEnv([factory] * num_envs, **vector_kwargs)

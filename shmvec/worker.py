@@ -1,8 +1,8 @@
-"""Stepping the envs of a lane into shared arrays, and the worker process around it.
+"""The worker process: build a block's envs, attach to the segment, serve commands until CLOSE.
 
-:class:`Lane` holds envs ``[start, stop)`` and runs one command on all of them, reading
-actions from and writing results to the shared views. The same class serves a worker process
-(:func:`worker_main`) and the lane the main process steps itself, so both behave identically.
+The envs themselves are stepped by a :class:`~shmvec.stepper.Stepper`; this module is the loop
+around it: waiting for a command (spin, then block), reading its payload, writing the status
+and the rare pickled reply, and signalling DONE (see :mod:`shmvec.protocol`).
 
 Only the standard library is imported at module level: a spawned worker sets the thread-count
 variables of BLAS/OpenMP before numpy is first imported.
@@ -13,9 +13,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import struct
-from collections.abc import Callable, Sequence
-from typing import Any
 
 from shmvec.protocol import (
     ARG,
@@ -29,20 +26,17 @@ from shmvec.protocol import (
     Attach,
     Command,
     ConstructError,
-    Mismatch,
     Ready,
     Spaces,
     Status,
     error_report,
     phase,
 )
+from shmvec.stepper import Stepper, build_envs
 
-# Plain ints for the per-step paths: comparing with one costs less than with an enum member.
-_STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP = (
+_STEP, _RESET, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP = (
     int(Command.STEP),
     int(Command.RESET),
-    int(Command.CALL),
-    int(Command.SET_ATTR),
     int(Command.CLOSE),
     int(Command.ROLLOUT_ATTACH),
     int(Command.ROLLOUT_STEP),
@@ -54,396 +48,6 @@ _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
 _PLAIN: dict = {}
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
-
-
-class EnvObsError(ValueError):
-    """An env returned something that does not fit its declared space."""
-
-
-class Targets:
-    """Where one step of a lane reads its actions and writes its results (views of its slice)."""
-
-    __slots__ = ("obs", "final_obs", "act", "rewards", "terminations", "truncations", "raw")
-
-    def __init__(
-        self, obs: list, final_obs: list, act: list, rewards: Any, terminations: Any, truncations: Any
-    ) -> None:
-        self.obs, self.final_obs, self.act = obs, final_obs, act
-        self.rewards, self.terminations, self.truncations = rewards, terminations, truncations
-        # Byte views of the three, for struct's pack_into: one C call writes a lane's
-        # per-env values, where numpy would first discover the list's dtype and shape.
-        self.raw = tuple(memoryview(v).cast("B") for v in (rewards, terminations, truncations))
-
-
-class Lane:
-    """The envs ``[start, start + len(envs))`` of a lane, stepping into shared views."""
-
-    def __init__(
-        self, envs: list, start: int, layout, views: dict, autoreset_mode: str, observation_space, action_space
-    ) -> None:
-        import numpy as np
-
-        self.envs = envs
-        self.start = start
-        self.stop = start + len(envs)
-        self.mode = autoreset_mode  # "NextStep" | "SameStep" | "Disabled"
-        self.observation_space = observation_space
-        self.action_space = action_space
-        self.home = self._targets(layout, views, None)  # the regions step and reset use
-        self.rows: list[Targets] = []  # one per row of the rollout segment, once attached
-        self.obs_leaves = layout.obs_leaves
-        leaf0 = self.obs_leaves[0]
-        self.flat_obs = len(self.obs_leaves) == 1 and not leaf0.path and not leaf0.pickled
-        # How each observation leaf is written, chosen once: a pickled one is one object per env.
-        self._writers = [self._write_object if leaf.pickled else self._write_leaf for leaf in self.obs_leaves]
-        # Small observations are gathered and written once per lane: one numpy call instead
-        # of a check and an item assignment per env (half the cost up to ~4 KB per env; past
-        # that the extra copy costs more than the calls it saves).
-        self.gather_obs = self.flat_obs and int(np.prod(leaf0.shape)) * leaf0.dtype.itemsize <= 4096
-        self.flat_act = len(layout.act_leaves) == 1 and not layout.act_leaves[0].path
-        self.act_scalar = [leaf.shape == () for leaf in layout.act_leaves]
-        sl = slice(self.start, self.stop)
-        # This lane's slice of each pickled region, by name: what a worker receives with a
-        # step's command (actions) and sends back with its reply (observations).
-        self.pickled = {name: views[name][sl] for name in layout.pickled("obs/", "final_obs/", "act/")}
-        self.autoreset = views["autoreset"][sl]
-        self.last_return = views["last_return"][sl]
-        self.last_length = views["last_length"][sl]
-        self.ep_count = views["episode_count"][sl]
-        self.current: int | None = None  # global index of the env being served, for error reports
-        # Envs whose next step is a reset, mirrored into the shared ``autoreset`` region (which
-        # main reads under DISABLED) but read from this list on the hot path.
-        self.pending_reset = [False] * len(envs)
-        # The running episode's return and length stay in this process, updated once per
-        # step for the whole lane; only finished episodes are published.
-        self.run_return = np.zeros(len(envs), dtype=np.float64)
-        self.run_length = np.zeros(len(envs), dtype=np.int64)
-        self._pack_rewards = struct.Struct(f"{len(envs)}d").pack_into
-        self._pack_flags = struct.Struct(f"{len(envs)}?").pack_into
-        self._np = np
-
-    def _targets(self, layout, views: dict, row: int | None) -> Targets:
-        """Views of this lane's slice: the regular regions (``row=None``) or rollout row ``row``,
-        whose step writes its observation into row ``row + 1``.
-        """
-        sl = slice(self.start, self.stop)
-        if row is None:
-
-            def at(v, shift=0):
-                return v[sl]
-        else:
-
-            def at(v, shift=0):
-                return v[row + shift, sl]
-
-        final = [at(v) for v in layout.leaf_views(views, "final_obs")] if layout.with_final_obs else []
-        return Targets(
-            [at(v, 1) for v in layout.leaf_views(views, "obs")],
-            final,
-            [at(v) for v in layout.leaf_views(views, "act")],
-            at(views["rewards"]),
-            at(views["terminations"]),
-            at(views["truncations"]),
-        )
-
-    def attach_rollout(self, payload: tuple) -> None:
-        """Step into the rollout segment ``(layout, buffer)`` from now on, one row per step."""
-        layout, buf = payload
-        views = layout.views(buf)
-        self.rows = [self._targets(layout, views, t) for t in range(layout.num_steps)]
-
-    # -- writing results -------------------------------------------------------------------
-    def _write_obs(self, targets: list, j: int, obs: Any) -> None:
-        if self.flat_obs:
-            self._write_leaf(targets[0], 0, j, obs)
-            return
-        from shmvec.tree import flatten
-
-        try:
-            parts = flatten(self.observation_space, obs)
-        except (KeyError, IndexError, TypeError) as exc:
-            raise EnvObsError(
-                f"env {self.start + j} returned an observation that does not match observation_space "
-                f"{self.observation_space}: {type(exc).__name__}: {exc}"
-            ) from None
-        writers = self._writers
-        for k, part in enumerate(parts):
-            writers[k](targets[k], k, j, part)
-
-    @staticmethod
-    def _write_object(target, k: int, j: int, value: Any) -> None:
-        # A pickled leaf: Gymnasium batches these as they come (no shape or type to check).
-        target[j] = value
-
-    def _write_leaf(self, target, k: int, j: int, value: Any) -> None:
-        leaf = self.obs_leaves[k]
-        shape = getattr(value, "shape", None)
-        if shape is not None and shape != leaf.shape:
-            raise EnvObsError(
-                f"env {self.start + j} returned observation{leaf.field} of shape {shape}, "
-                f"expected {leaf.shape} (dtype {leaf.dtype}) from its observation_space"
-            )
-        dtype = getattr(value, "dtype", None)
-        if dtype is not None and dtype != leaf.dtype and not self._np.can_cast(dtype, leaf.dtype, "same_kind"):
-            # float into an integer space, say: SyncVectorEnv would cast silently and wrongly.
-            raise EnvObsError(
-                f"env {self.start + j} returned observation{leaf.field} of dtype {dtype}, "
-                f"expected {leaf.dtype} (or a dtype that casts to it safely) from its observation_space"
-            )
-        try:
-            target[j] = value
-        except (ValueError, TypeError) as exc:
-            raise EnvObsError(
-                f"env {self.start + j} returned observation{leaf.field} {value!r:.80} that does not fit "
-                f"shape {leaf.shape}, dtype {leaf.dtype}: {exc}"
-            ) from None
-
-    def _write_gathered(self, target, values: list) -> bool:
-        """Write one observation per env into ``target`` at once; ``False`` (nothing written)
-        if they do not stack into its shape with a safe cast (the caller then writes them one
-        by one, which names the env at fault).
-        """
-        np = self._np
-        try:
-            stacked = np.array(values)
-        except (ValueError, TypeError):
-            return False
-        dtype = target.dtype
-        if stacked.shape != target.shape or (
-            stacked.dtype != dtype and not np.can_cast(stacked.dtype, dtype, "same_kind")
-        ):
-            return False
-        target[...] = stacked
-        return True
-
-    def _action(self, act: list, j: int) -> Any:
-        if self.flat_act:
-            a = act[0][j]
-            return a if self.act_scalar[0] else a.copy()
-        from shmvec.tree import assemble
-
-        parts = [a[j] if scalar else a[j].copy() for a, scalar in zip(act, self.act_scalar)]
-        return assemble(self.action_space, parts)
-
-    # -- pickled leaves, for a worker process ------------------------------------------------
-    def load_actions(self, payload: dict[str, Any]) -> None:
-        """Take this lane's pickled action leaves (``{region name: [n] object array}``)."""
-        for name, values in payload.items():
-            self.pickled[name][...] = values
-
-    def pickled_results(self, step: bool) -> dict[str, Any]:
-        """The lane's pickled observation leaves, ``{region name: [n] object array}``, to send
-        with the reply of a step (``step``) or reset; after a step, its final observations too.
-
-        The final ones are cleared once taken: only the envs that end an episode in a step
-        write one, and the others' stale values need not travel.
-        """
-        out = {}
-        for name, values in self.pickled.items():
-            if name.startswith("obs/"):
-                out[name] = values
-            elif step and name.startswith("final_obs/"):
-                out[name] = values.copy()
-                values[...] = None
-        return out
-
-    # -- commands --------------------------------------------------------------------------
-    def step(self, out: Targets | None = None) -> list | None:
-        """Step every env, reading actions from and writing results to ``out`` (default: the
-        regular regions); return ``[(env_index, final_info, info), ...]`` for the envs that
-        have something to report (``None`` if none), where ``final_info`` is the step info of an
-        episode that ended under same-step autoreset (``None`` when not that case).
-        """
-        envs, autoreset = self.envs, self.pending_reset
-        next_step = self.mode == "NextStep"
-        same_step = self.mode == "SameStep"
-        # The common case (one Box/Discrete leaf each way) runs inline: per-env Python
-        # overhead is what separates a lane from a bare loop over the same envs.
-        out = self.home if out is None else out
-        fast = self.flat_obs and self.flat_act
-        gather = fast and self.gather_obs
-        if fast:
-            obs0, act0, scalar = out.obs[0], out.act[0], self.act_scalar[0]
-            shape, dtype, ndarray = self.obs_leaves[0].shape, self.obs_leaves[0].dtype, self._np.ndarray
-        n = len(envs)
-        gathered = [None] * n if gather else None
-        rews = [0.0] * n
-        terms = [False] * n
-        truncs = [False] * n
-        ended = None
-        resets = None
-        reports = None
-        j = 0
-        try:
-            for j in range(n):
-                env = envs[j]
-                final_info = None
-                if autoreset[j] and next_step:
-                    o, info = env.reset()
-                    if resets is None:
-                        resets = []
-                    resets.append(j)
-                else:
-                    if fast:
-                        a = act0[j] if scalar else act0[j].copy()
-                    else:
-                        a = self._action(out.act, j)
-                    o, r, te, tr, info = env.step(a)
-                    rews[j] = r
-                    if te or tr:
-                        terms[j] = te
-                        truncs[j] = tr
-                        if ended is None:
-                            ended = []
-                        ended.append(j)
-                        if same_step:
-                            self._write_obs(out.final_obs, j, o)
-                            final_info = info
-                            o, info = env.reset()
-                if gather:
-                    gathered[j] = o
-                elif fast and type(o) is ndarray and o.dtype == dtype and o.shape == shape:
-                    obs0[j] = o
-                else:
-                    self._write_obs(out.obs, j, o)
-                if info or final_info is not None:
-                    if reports is None:
-                        reports = []
-                    reports.append((self.start + j, final_info, info))
-            if gather and not self._write_gathered(obs0, gathered):
-                for j in range(n):  # one by one, so that the error names the env
-                    self._write_obs(out.obs, j, gathered[j])
-            raw = out.raw
-            try:
-                self._pack_rewards(raw[0], 0, *rews)
-                self._pack_flags(raw[1], 0, *terms)
-                self._pack_flags(raw[2], 0, *truncs)
-            except Exception:  # not a float or a truth value: find the env, name it
-                self._write_outcomes(out, rews, terms, truncs)
-        except BaseException:
-            self.current = self.start + j  # for the error report; free on the hot path
-            raise
-        self._count_episodes(out.rewards, ended, resets)
-        return reports
-
-    def _write_outcomes(self, out: Targets, rews: list, terms: list, truncs: list) -> None:
-        """Write rewards and flags env by env; raise naming the first env whose value is not a
-        scalar (a float reward, a truth value for each flag).
-        """
-        np = self._np
-        for j in range(len(rews)):
-            for name, values, target in (
-                ("reward", rews, out.rewards),
-                ("terminated", terms, out.terminations),
-                ("truncated", truncs, out.truncations),
-            ):
-                value = values[j]
-                try:
-                    if value is None or np.ndim(value) != 0:  # numpy would take None for NaN
-                        raise ValueError("not a scalar")
-                    target[j] = value
-                except (ValueError, TypeError) as exc:
-                    raise EnvObsError(
-                        f"env {self.start + j} returned {name} {value!r:.80}: expected a "
-                        f"{'float' if name == 'reward' else 'bool'} scalar ({exc})"
-                    ) from None
-
-    def _count_episodes(self, rewards: Any, ended: list | None, resets: list | None) -> None:
-        """Add a step's ``rewards`` to the running episodes, publish the finished ones, and
-        update the autoreset flags.
-
-        ``ended``: lane-local envs whose episode ended; ``resets``: those whose step was a
-        NEXT_STEP reset (their reward is 0 and their length does not grow).
-        """
-        self.run_return += rewards
-        self.run_length += 1
-        if resets:
-            for j in resets:
-                self.run_length[j] -= 1
-                self.pending_reset[j] = False
-                self.autoreset[j] = False
-        if ended:
-            for j in ended:
-                self.last_return[j] = self.run_return[j]
-                self.last_length[j] = self.run_length[j]
-                self.ep_count[j] += 1
-                self.run_return[j] = 0.0
-                self.run_length[j] = 0
-                if self.mode != "SameStep":
-                    self.pending_reset[j] = True
-                    self.autoreset[j] = True
-
-    def reset(self, payload: tuple | None) -> list | None:
-        """Reset envs; payload is ``(seeds, options, mask)`` for this lane or ``None``."""
-        seeds, options, mask = payload if payload is not None else (None, None, None)
-        reports = None
-        for j, env in enumerate(self.envs):
-            if mask is not None and not mask[j]:
-                continue
-            self.current = self.start + j
-            kwargs: dict[str, Any] = {}
-            if seeds is not None:
-                kwargs["seed"] = seeds[j]
-            if options is not None:
-                kwargs["options"] = options
-            o, info = env.reset(**kwargs)
-            self._write_obs(self.home.obs, j, o)
-            if info:
-                if reports is None:
-                    reports = []
-                reports.append((self.start + j, None, info))
-            self.home.terminations[j] = False
-            self.home.truncations[j] = False
-            self.autoreset[j] = False
-            self.pending_reset[j] = False
-            self.run_return[j] = 0.0
-            self.run_length[j] = 0
-        self.current = None
-        return reports
-
-    def call(self, payload: tuple) -> list:
-        """Call a method (or read an attribute) by name on every env, through wrappers."""
-        name, args, kwargs = payload
-        results = []
-        for j, env in enumerate(self.envs):
-            self.current = self.start + j
-            attr = env.get_wrapper_attr(name)
-            results.append(attr(*args, **kwargs) if callable(attr) else attr)
-        self.current = None
-        return results
-
-    def set_attr(self, payload: tuple) -> None:
-        name, values = payload
-        for j, env in enumerate(self.envs):
-            self.current = self.start + j
-            env.set_wrapper_attr(name, values[j])
-        self.current = None
-
-    def close(self) -> None:
-        for j, env in enumerate(self.envs):
-            self.current = self.start + j
-            env.close()
-        self.current = None
-
-    def run(self, cmd: int, payload: Any, arg: int = 0) -> Any:
-        """Execute one protocol command; return the reply (``None`` when there is none)."""
-        if cmd == _STEP:
-            if payload is not None:  # pickled action leaves (a worker process's lane only)
-                self.load_actions(payload)
-            return self.step()
-        if cmd == _ROLLOUT_STEP:
-            return self.step(self.rows[arg])
-        if cmd == _RESET:
-            return self.reset(payload)
-        if cmd == _CALL:
-            return self.call(payload)
-        if cmd == _SET_ATTR:
-            return self.set_attr(payload)
-        if cmd == _CLOSE:
-            return self.close()
-        if cmd == _ROLLOUT_ATTACH:
-            return self.attach_rollout(payload)
-        raise ValueError(f"unknown command {cmd}")
 
 
 def plain_scalars(info: dict | None) -> dict | None:
@@ -468,30 +72,7 @@ def plain_scalars(info: dict | None) -> dict | None:
     return out
 
 
-def build_envs(env_fns: Sequence[Callable[[], Any]], start: int, lane: int) -> list | ConstructError | Mismatch:
-    """Build the envs of ``lane``, env ``start`` first, and check that they share their spaces.
-
-    Returns the envs, or what went wrong as the handshake message that says it (the envs
-    built so far are closed then).
-    """
-    envs = []
-    for j, fn in enumerate(env_fns):
-        try:
-            envs.append(fn())
-        except BaseException as exc:
-            for env in envs:
-                env.close()
-            return ConstructError(error_report(exc, lane, start + j, "construct"))
-    env0 = envs[0]
-    for j, env in enumerate(envs[1:], 1):
-        if env.observation_space != env0.observation_space or env.action_space != env0.action_space:
-            for other in envs:
-                other.close()
-            return Mismatch(start + j, (env.observation_space, env.action_space))
-    return envs
-
-
-def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
+def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
     """Entry point of a worker process: build the envs, attach, serve commands until CLOSE.
 
     ``conn`` carries the handshake and the rare pickled payloads and replies; ``wake_r`` and
@@ -510,14 +91,14 @@ def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w
 
     import cloudpickle
 
-    lane_envs = None
+    stepper = None
     try:
         try:
             env_fns = cloudpickle.loads(env_fns_blob)
         except BaseException as exc:  # a factory that cannot be rebuilt here (a module missing under spawn)
-            conn.send(ConstructError(error_report(exc, lane, start, "construct")))
+            conn.send(ConstructError(error_report(exc, block, start, "construct")))
             return
-        envs = build_envs(env_fns, start, lane)
+        envs = build_envs(env_fns, start, block)
         if not isinstance(envs, list):
             conn.send(envs)
             return
@@ -536,14 +117,14 @@ def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w
 
         mm = map_fd(recv_handle(conn), layout.size)
         views = layout.views(mm)
-        lane_envs = Lane(envs, start, layout, views, autoreset_mode, env0.observation_space, env0.action_space)
+        stepper = Stepper(envs, start, layout, views, autoreset_mode, env0.observation_space, env0.action_space)
         conn.send(Ready())
         parent = mp.parent_process()
         _serve(
-            lane_envs,
+            stepper,
             control_lines(views),
-            memoryview(views["replies"][lane]),
-            lane,
+            memoryview(views["replies"][block]),
+            block,
             conn,
             wake_r.fileno(),
             done_w.fileno(),
@@ -554,16 +135,16 @@ def worker_main(lane: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         pass  # the main process went away: nothing to report to
     finally:
-        if lane_envs is not None:
-            del lane_envs
+        if stepper is not None:
+            del stepper
         conn.close()
 
 
 def _serve(
-    envs: Lane,
+    envs: Stepper,
     lines: list,
     replies: memoryview,
-    lane: int,
+    block: int,
     conn,
     wake_r: int,
     done_w: int,
@@ -587,14 +168,14 @@ def _serve(
     _PLAIN[np.float64] = float  # not np.bool_: Gymnasium batches it in an object array, bool in a bool one
     if np.dtype(int) == np.int64:
         _PLAIN[np.int64] = int
-    mine, main_line = lines[lane], lines[-1]
+    mine, main_line = lines[block], lines[-1]
     watch = [parent_sentinel] if parent_sentinel is not None else []
     ppid = os.getppid()
     seq = int(mine[DONE])
     clock = time.perf_counter
 
-    # A new command is any change of GO: main may skip a lane in a round (a restart addresses
-    # only the restarted lanes), so sequence numbers can jump.
+    # A new command is any change of GO: main may skip a block in a round (a restart addresses
+    # only the restarted blocks), so sequence numbers can jump.
     def arrived() -> bool:
         return mine[GO] != seq
 
@@ -615,6 +196,7 @@ def _serve(
         payload = conn.recv() if mine[PAYLOAD] else None
         try:
             if cmd == _ROLLOUT_ATTACH:  # the segment's descriptor follows the payload
+                assert payload is not None  # the RolloutLayout
                 payload = (payload, map_fd(recv_handle(conn), payload.size))
             reply = envs.run(cmd, payload, arg)
             if reply is not None and (cmd == _STEP or cmd == _ROLLOUT_STEP or cmd == _RESET):
@@ -628,7 +210,7 @@ def _serve(
                 reply = ForkingPickler.dumps(reply)
                 status = _REPLY
         except BaseException as exc:
-            reply = ForkingPickler.dumps(error_report(exc, lane, envs.current, phase(cmd)))
+            reply = ForkingPickler.dumps(error_report(exc, block, envs.current, phase(cmd)))
             status = _ERROR
         piped = False
         if status != _OK:

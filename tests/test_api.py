@@ -265,8 +265,9 @@ def test_every_env_is_closed_once_in_its_own_process(tmp_path, how, step_in_main
     import gc
 
     fns = [partial(ClosingEnv, str(tmp_path), i) for i in range(5)]
-    envs = shmvec.ShmVecEnv(fns, num_workers=2, step_in_main=step_in_main)
-    blocks = [range(lane.start, lane.stop) for lane in envs._pool.lanes]
+    envs = shmvec.ShmVecEnv(fns, num_workers=2 - step_in_main, step_in_main=step_in_main)
+    blocks = envs.blocks
+    assert len(blocks) == 2 and blocks[0] == range(0, 3)
     hosts = list(envs.worker_pids)
     hosts += [os.getpid()] * (len(blocks) - len(hosts))  # the main process's block comes last
     envs.reset(seed=0)

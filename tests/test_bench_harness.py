@@ -523,7 +523,17 @@ def test_tune_measures_a_grid_and_prints_code():
     assert result.best in cands
     code = result.code()
     assert code.startswith("import shmvec\n\nenvs = shmvec.ShmVecEnv([make_env] * 2, num_workers=")
-    assert f"num_workers={result.best.num_workers}" in code
+    # The printed code builds exactly the configuration that was measured (the engine that
+    # measured it was built from the same kwargs()).
+    built = {}
+
+    class Capture:
+        def __init__(self, env_fns, **kwargs):
+            built.update(kwargs, num_envs=len(env_fns))
+
+    exec(code.split("\n", 1)[1], {"shmvec": type("m", (), {"ShmVecEnv": Capture}), "make_env": small_env})
+    assert built == {**result.best.kwargs(), "num_envs": 2}
+    assert built["step_in_main"] == result.best.step_in_main
     summary = result.summary()
     assert "| num_envs | num_workers |" in summary and "Fastest:" in summary and "```python" in summary
 

@@ -92,7 +92,7 @@ def test_start_methods(context, make_env, mode):
 @pytest.mark.parametrize("step_in_main", [True, False])
 def test_all_envs_in_workers_matches_too(step_in_main, num_workers):
     # num_workers=1 with step_in_main=False: one worker process hosts every env.
-    run_both(NestedEnv, num_envs=4, steps=300, mode=AutoresetMode.NEXT_STEP, num_workers=num_workers,
+    run_both(NestedEnv, num_envs=4, steps=300, mode=AutoresetMode.NEXT_STEP, num_workers=num_workers - step_in_main,
              step_in_main=step_in_main)
 
 
@@ -306,7 +306,7 @@ class InfoTypesEnv(gym.Env):
 def test_infos_keep_their_dtypes_after_travelling(mode, step_in_main):
     """Workers send numpy float64/int64 info values as Python scalars (they pickle several
     times faster); the merged infos keep SyncVectorEnv's dtypes and values exactly."""
-    run_both(InfoTypesEnv, 5, 30, mode, num_workers=2, step_in_main=step_in_main)
+    run_both(InfoTypesEnv, 5, 30, mode, num_workers=2 - step_in_main, step_in_main=step_in_main)
     envs = shmvec.ShmVecEnv([InfoTypesEnv] * 3, num_workers=3)
     try:
         _, infos = envs.reset(seed=0)

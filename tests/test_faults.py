@@ -20,14 +20,15 @@ def faulty(n, fault, bad_env, at=3):
 
 @pytest.mark.parametrize("bad_env, step_in_main", [(1, True), (3, True), (3, False)])
 def test_exception_in_step(bad_env, step_in_main):
-    envs = shmvec.ShmVecEnv(faulty(4, "raise", bad_env), num_workers=2, step_in_main=step_in_main)
+    envs = shmvec.ShmVecEnv(faulty(4, "raise", bad_env), num_workers=2 - step_in_main, step_in_main=step_in_main)
     envs.reset(seed=0)
     with pytest.raises(shmvec.WorkerError) as info:
         for _ in range(5):
             envs.step(np.zeros(4, dtype=np.int64))
     err = info.value
     assert err.env_index == bad_env and err.phase == "step"
-    assert err.worker_index == bad_env // 2
+    # Worker k steps block k; the calling process's block (envs 2, 3 with step_in_main) has no worker.
+    assert err.worker_index == (None if step_in_main and bad_env >= 2 else bad_env // 2)
     assert err.exc_type == "ZeroDivisionError" and "step exploded" in str(err)
     assert "envs_for_tests.py" in err.remote_traceback
     assert envs.closed  # on_error="raise": closed cleanly
@@ -38,7 +39,7 @@ def test_exception_in_constructor():
         shmvec.ShmVecEnv(faulty(4, "construct", 2), num_workers=2, step_in_main=False)
     assert info.value.env_index == 2 and info.value.phase == "construct"
     with pytest.raises(shmvec.WorkerError, match="constructor exploded"):
-        shmvec.ShmVecEnv(faulty(4, "construct", 3), num_workers=2)  # the main process's block
+        shmvec.ShmVecEnv(faulty(4, "construct", 3), num_workers=1, step_in_main=True)  # the calling process's block
 
 
 def test_exception_in_reset():
@@ -275,11 +276,11 @@ def test_wrong_observation_dtype_is_refused():
 
 @pytest.mark.parametrize("fault, match", [("array_reward", r"env 1 returned reward array\(\[1\., 1\., 1\.\]\): expected a float"),
                                           ("none_reward", r"env 1 returned reward None: expected a float"),
-                                          ("array_flag", r"env 1 \(worker \d\) raised ValueError during step: The truth value of an array")])
+                                          ("array_flag", r"env 1 \((worker \d|the calling process)\) raised ValueError during step: The truth value of an array")])
 @pytest.mark.parametrize("step_in_main", [False, True])
 def test_a_reward_or_flag_that_is_not_a_scalar_names_its_env(fault, match, step_in_main):
     """Rewards and flags are written once per lane; a value that is not a scalar names its env."""
-    envs = shmvec.ShmVecEnv(faulty(2, fault, 1, at=2), num_workers=1 + step_in_main, step_in_main=step_in_main)
+    envs = shmvec.ShmVecEnv(faulty(2, fault, 1, at=2), num_workers=1, step_in_main=step_in_main)
     envs.reset(seed=0)
     envs.step(np.zeros(2, dtype=np.int64))
     with pytest.raises(shmvec.WorkerError, match=match) as err:
@@ -415,7 +416,7 @@ for fault in ("segfault", "exit"):
         envs.close()
 print("ALIVE", flush=True)
 # What step_in_main=True gives up: env 1 runs in this process, and its os._exit ends it.
-envs = shmvec.ShmVecEnv(fns("exit", 1), num_workers=2, context={context!r}, step_in_main=True)
+envs = shmvec.ShmVecEnv(fns("exit", 1), num_workers=1, context={context!r}, step_in_main=True)
 print("PIDS", *envs.worker_pids, flush=True)
 envs.reset(seed=0)
 for _ in range(3):

@@ -143,7 +143,7 @@ def test_set_policy_broadcasts_new_weights():
 def test_bad_input_is_refused_clearly():
     with pytest.raises(ValueError, match="DISABLED"):
         RayVecEnv([cartpole] * 2, autoreset_mode=AutoresetMode.DISABLED)
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(TypeError, match="sets .batch_size. itself"):
         RayVecEnv([cartpole] * 2, batch_size=1)
     with pytest.raises(ValueError, match="num_cpus=64.*largest node"):
         RayVecEnv([cartpole] * 2, num_workers_per_actor=64)

@@ -132,7 +132,8 @@ def test_rollout_equals_step_loop(case, mode, workers, step_in_main):
     make_env, policy = CASES[case]
     n, seed, lengths = 7, 11, [60, 60, 45]  # episodes span calls; the storage is rebuilt for 45
     refs = reference_rollouts(make_env, policy, n, mode, seed, lengths)
-    envs = shmvec.ShmVecEnv([make_env] * n, num_workers=workers, step_in_main=step_in_main, autoreset_mode=mode)
+    envs = shmvec.ShmVecEnv([make_env] * n, num_workers=workers - step_in_main, step_in_main=step_in_main,
+                            autoreset_mode=mode)
     try:
         envs.reset(seed=seed)
         ends = 0

@@ -11,7 +11,7 @@ from gymnasium.vector import SyncVectorEnv
 import shmvec
 
 torch = pytest.importorskip("torch", reason="torch is part of the dev extra: make test installs it")
-from shmvec.torch import TorchVecEnv, _leaves  # noqa: E402
+from shmvec.torch import TorchVecEnv  # noqa: E402
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device here: the GPU path is checked where torch sees one"))]
@@ -29,8 +29,17 @@ def as_numpy(tree):
     return tree.cpu().numpy()
 
 
+def leaves(tree):
+    """The arrays of a nested dict/tuple, depth first (the test's own walk, independent of shmvec's)."""
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in leaves(v)]
+    if isinstance(tree, tuple):
+        return [x for v in tree for x in leaves(v)]
+    return [tree]
+
+
 def assert_tree_equal(a, b):
-    la, lb = list(_leaves(a)), list(_leaves(b))
+    la, lb = leaves(a), leaves(b)
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
         assert x.dtype == y.dtype and x.shape == y.shape

@@ -206,7 +206,7 @@ def test_restart_gives_new_envs_and_the_others_carry_on(step_in_main):
     """on_error="restart": the lane of env 0 (which exits at its third step) comes back with
     new envs' reset observations; the variable leaves of every lane stay in the space."""
     fns = [partial(VariableSizeEnv, "Mixed", fault="exit" if i == 0 else "none") for i in range(4)]
-    with shmvec.ShmVecEnv(fns, num_workers=2, on_error="restart", step_in_main=step_in_main,
+    with shmvec.ShmVecEnv(fns, num_workers=2 - step_in_main, on_error="restart", step_in_main=step_in_main,
                           autoreset_mode=AutoresetMode.SAME_STEP) as envs:
         envs.reset(seed=0)
         for _ in range(20):  # env 0 exits at the third step of an episode

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 
 __all__ = ["ClassicSubprocVecEnv"]
 
@@ -73,7 +76,8 @@ class ClassicSubprocVecEnv:
 
         if context is None:
             context = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        ctx = mp.get_context(context)
+        # The stubs type get_context(str) as BaseContext, which lacks Process: it is one of these.
+        ctx = cast("ForkContext | ForkServerContext | SpawnContext", mp.get_context(context))
         self.num_envs = len(env_fns)
         self.closed = False
         self.remotes: list[Any] = []

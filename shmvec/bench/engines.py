@@ -218,15 +218,22 @@ class _RolloutStepper:
 
 
 # -- builders ---------------------------------------------------------------------------------
+def _layout(spec: RunSpec, step_in_main: bool) -> tuple[int, dict[str, Any]]:
+    """The blocks a shmvec engine steps in parallel (``spec.num_workers``, at most one per env),
+    and the ShmVecEnv options that give that many: worker processes, plus the calling process's
+    block where it steps one."""
+    blocks = min(spec.num_workers, spec.num_envs)
+    in_main = step_in_main or spec.in_process
+    return blocks, {"num_workers": blocks - in_main, "step_in_main": in_main}
+
+
 def _build_shmvec(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
     def build(spec: RunSpec) -> Stepper:
         from shmvec.vector_env import ShmVecEnv
 
-        workers = min(spec.num_workers, spec.num_envs)
-        env = ShmVecEnv(
-            spec.env_fns(), num_workers=workers, step_in_main=step_in_main or spec.in_process, spin_us=spec.spin_us
-        )
-        return VectorEnvStepper(env, workers)
+        blocks, layout = _layout(spec, step_in_main)
+        env = ShmVecEnv(spec.env_fns(), spin_us=spec.spin_us, **layout)
+        return VectorEnvStepper(env, blocks)
 
     return build
 
@@ -235,11 +242,9 @@ def _build_shmvec_async(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
     def build(spec: RunSpec) -> Stepper:
         from shmvec.vector_env import ShmVecEnv
 
-        workers = min(spec.num_workers, spec.num_envs)
-        env = ShmVecEnv(
-            spec.env_fns(), num_workers=workers, batch_size=spec.num_envs // workers, step_in_main=step_in_main
-        )
-        return _AsyncStepper(env, workers)
+        blocks, layout = _layout(spec, step_in_main)
+        env = ShmVecEnv(spec.env_fns(), batch_size=spec.num_envs // blocks, **layout)
+        return _AsyncStepper(env, blocks)
 
     return build
 
@@ -251,17 +256,17 @@ def _rollout_actions(spec: RunSpec, env: Any) -> list[Any]:
 def _build_shmvec_loop(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
 
-    workers = min(spec.num_workers, spec.num_envs)
-    env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=spec.in_process, spin_us=spec.spin_us)
-    return _StepLoopStepper(env, workers, _rollout_actions(spec, env))
+    blocks, layout = _layout(spec, False)
+    env = ShmVecEnv(spec.env_fns(), spin_us=spec.spin_us, **layout)
+    return _StepLoopStepper(env, blocks, _rollout_actions(spec, env))
 
 
 def _build_shmvec_rollout(spec: RunSpec) -> Stepper:
     from shmvec.vector_env import ShmVecEnv
 
-    workers = min(spec.num_workers, spec.num_envs)
-    env = ShmVecEnv(spec.env_fns(), num_workers=workers, step_in_main=spec.in_process, spin_us=spec.spin_us)
-    return _RolloutStepper(env, workers, _rollout_actions(spec, env))
+    blocks, layout = _layout(spec, False)
+    env = ShmVecEnv(spec.env_fns(), spin_us=spec.spin_us, **layout)
+    return _RolloutStepper(env, blocks, _rollout_actions(spec, env))
 
 
 def _build_gym_sync(spec: RunSpec) -> Stepper:

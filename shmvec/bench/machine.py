@@ -78,7 +78,7 @@ def parallel_scaling(processes: int | None = None, seconds: float = 0.2) -> dict
     probe = 200_000
     iterations = max(probe, int(probe * seconds / max(_spin_work(probe), 1e-6)))
     single = _spin_work(iterations)
-    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
     barrier = ctx.Barrier(k + 1)
     out = ctx.Array("d", k, lock=False)
     procs = [ctx.Process(target=_timed_worker, args=(barrier, iterations, out, i), daemon=True) for i in range(k)]

@@ -124,6 +124,7 @@ def deadline(seconds: float | None) -> Iterator[None]:
     if not usable:
         yield
         return
+    assert seconds is not None  # usable says so
 
     def on_alarm(signum: int, frame: Any) -> None:
         raise RunTimeout(f"gave up after {seconds:.0f} s")
@@ -182,8 +183,10 @@ def measure_group(
     def window(i: int, seconds: float, min_steps: int) -> tuple[int, float] | None:
         """Step engine ``i`` for ``seconds``; on a failure or hang, fail it and return ``None``."""
         try:
+            stepper = steppers[i]
+            assert stepper is not None  # called for the engines still alive only
             with deadline(timeout):
-                return step_for(steppers[i], actions, seconds, min_steps=min_steps)
+                return step_for(stepper, actions, seconds, min_steps=min_steps)
         except Exception as exc:
             fail(i, exc)
             return None
@@ -202,12 +205,12 @@ def measure_group(
                     base = tree_memory()
                     result.base_rss_mb, result.base_pss_mb = base.rss_mb, base.pss_mb
                     t0 = time.perf_counter()
-                    steppers[i] = engine.build(spec)
-                    steppers[i].reset(spec.seed)
+                    built = steppers[i] = engine.build(spec)
+                    built.reset(spec.seed)
                     result.setup_s = time.perf_counter() - t0
-                    result.workers = steppers[i].workers
+                    result.workers = built.workers
                     result.processes = engine.processes(spec)
-                    step_for(steppers[i], actions, timing.warmup, min_steps=1)
+                    step_for(built, actions, timing.warmup, min_steps=1)
                     mem = tree_memory()
                     result.rss_mb, result.pss_mb = mem.rss_mb, mem.pss_mb
             except Exception as exc:

@@ -230,10 +230,11 @@ def render_markdown(sweep: SweepResult, plots: list[str] | None = None, heading_
     h = "#" * heading_level
     hh = h + "#"
     quick = " (quick sweep: short windows, indicative only)" if sweep.config.get("quick") else ""
+    scaling = scaling_text(sweep)
     parts = [
         f"{h} shmvec throughput report{quick}",
         f"Measured {sweep.started} in {sweep.elapsed_s:.0f} s on: {machine_line(sweep.machine)}.",
-        *([scaling_text(sweep)] if scaling_text(sweep) else []),
+        *([scaling] if scaling else []),
         method_text(sweep),
         f"{hh} Targets",
         "Set for shmvec with 2 workers on 2 cores; checked against the ratios measured in this run."

@@ -66,7 +66,7 @@ class SplitSerial:
         self.workers = len(self.blocks)
         self.steps_per_call = 1
         self.call_s = call_s
-        ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context("spawn")
         self.conns: list[Any] = []
         self.procs: list[Any] = []
         try:

@@ -175,7 +175,7 @@ class SweepResult:
         if rounds:
             return statistics.median(rounds)
         a, b = self.get(workload, num_envs, engine), self.get(workload, num_envs, peer)
-        if a is None or b is None or not a.ok or not b.ok or not b.steps_per_s:
+        if a is None or b is None or not a.ok or not b.ok or a.steps_per_s is None or not b.steps_per_s:
             return None
         return a.steps_per_s / b.steps_per_s
 
@@ -268,8 +268,8 @@ def run_sweep(
     gc.freeze()
     try:
         indexed = list(enumerate(plan))
-        for (workload, n), cell in groupby(indexed, key=lambda ip: (ip[1].workload, ip[1].num_envs)):
-            cell = list(cell)
+        for (workload, n), members in groupby(indexed, key=lambda ip: (ip[1].workload, ip[1].num_envs)):
+            cell = list(members)
             for i, p in cell:
                 if p.skip is not None:
                     results[i] = RunResult(p.workload.key, p.num_envs, p.engine.key, "skipped", p.skip)

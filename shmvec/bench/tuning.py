@@ -29,7 +29,11 @@ ENVS_PER_WORKER = (4, 16, 64)
 
 @dataclass(frozen=True)
 class Candidate:
-    """One shmvec configuration; ``spin_us=None`` is shmvec's automatic choice."""
+    """One shmvec configuration; ``spin_us=None`` is shmvec's automatic choice.
+
+    ``num_workers`` counts the blocks stepped in parallel, the calling process's included with
+    ``step_in_main`` (:meth:`kwargs` gives the ShmVecEnv options that build it).
+    """
 
     num_envs: int
     num_workers: int
@@ -41,25 +45,23 @@ class Candidate:
         return self.num_envs / self.num_workers
 
     def kwargs(self) -> dict[str, Any]:
-        """The non-default ``ShmVecEnv`` keyword arguments of this configuration."""
-        kw: dict[str, Any] = {"num_workers": self.num_workers}
-        if not self.step_in_main:
-            kw["step_in_main"] = False
+        """The ``ShmVecEnv`` keyword arguments that build exactly this configuration: its
+        ``num_workers`` blocks in parallel are worker processes, less the calling process's own
+        block with ``step_in_main``."""
+        kw: dict[str, Any] = {"num_workers": self.num_workers - self.step_in_main, "step_in_main": self.step_in_main}
         if self.spin_us is not None:
             kw["spin_us"] = self.spin_us
         return kw
 
     def engine(self) -> Engine:
+        kwargs = self.kwargs()
+
         def build(spec: RunSpec) -> Stepper:
             from shmvec.vector_env import ShmVecEnv
 
-            env = ShmVecEnv(
-                spec.env_fns(), step_in_main=self.step_in_main, num_workers=self.num_workers, spin_us=self.spin_us
-            )
-            return VectorEnvStepper(env, self.num_workers)
+            return VectorEnvStepper(ShmVecEnv(spec.env_fns(), **kwargs), self.num_workers)
 
-        procs = self.num_workers - 1 if self.step_in_main else self.num_workers
-        return Engine("shmvec", "shmvec", str(self.kwargs()), build, lambda spec: procs)
+        return Engine("shmvec", "shmvec", str(kwargs), build, lambda spec: kwargs["num_workers"])
 
 
 def worker_choices(cores: int, num_envs: int | None = None) -> list[int]:
@@ -105,7 +107,8 @@ class TuneResult:
         rows = []
         for c, r in sorted(self.rows, key=key):
             ref = self.serial.get(c.num_envs)
-            ratio = r.steps_per_s / ref.steps_per_s if r.ok and ref is not None and ref.ok and ref.steps_per_s else None
+            base = ref.steps_per_s if ref is not None and ref.ok else None
+            ratio = r.steps_per_s / base if r.ok and r.steps_per_s is not None and base else None
             rows.append(
                 [
                     str(c.num_envs),
@@ -168,11 +171,11 @@ class TuneResult:
             f"Fastest: {format_rate(best_rate)} steps/s with num_envs={best.num_envs}, "
             + ", ".join(f"{k}={v}" for k, v in best.kwargs().items())
         )
-        default = Candidate(best.num_envs, min(usable_cores(), best.num_envs))
+        default = Candidate(best.num_envs, min(usable_cores(), best.num_envs), step_in_main=False)
         d = self.rate(default)
         if d is not None and default != best:
             lines.append(
-                f"The defaults (num_workers={default.num_workers}, step_in_main=True, spin_us auto) reach "
+                f"The defaults (num_workers={default.num_workers}, step_in_main=False, spin_us auto) reach "
                 f"{100 * d / best_rate:.0f}% of that; differences of a few % are within noise."
             )
         ref = self.serial.get(best.num_envs)
@@ -260,11 +263,11 @@ def tune(
         make_env, from_id = env, False
         name = ref = getattr(env, "__name__", "make_env")
     workload = Workload(name, name, "", make_env)
-    probe = make_env()
+    sample_env = make_env()  # not `probe`: that argument says whether to probe the cores below
     try:
-        action_space = probe.action_space
+        action_space = sample_env.action_space
     finally:
-        probe.close()
+        sample_env.close()
 
     cores = usable_cores()
     workers = sorted(set(workers)) if workers else worker_choices(cores, num_envs)
