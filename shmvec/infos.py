@@ -11,6 +11,7 @@ always an object array. :class:`InfoMerger` builds a step's infos from the envs'
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -125,7 +126,7 @@ class InfoMerger:
         replies: list,
         same_step: bool,
         out: Targets,
-        restarted: list[int],
+        restarted: Sequence[int],
         ids: range | np.ndarray | None = None,
     ) -> dict[str, Any]:
         """The infos of one step.

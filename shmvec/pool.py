@@ -148,6 +148,7 @@ class WorkerPool:
         num_blocks = num_workers + (1 if step_in_main else 0)
         self.blocks: list[range] = split(self.num_envs, num_blocks)  # the envs of each block
         self.worker_blocks: list[int] = list(range(num_workers))  # the blocks stepped by worker processes
+        self.all_blocks: list[int] = list(range(num_blocks))  # what a synchronous round addresses
         self.main_index: int | None = num_workers if step_in_main else None  # the caller's block
         self.timeout = timeout
         self.autoreset_mode = autoreset_mode
@@ -383,26 +384,28 @@ class WorkerPool:
                 "this vector env is closed" + (" after a worker fault" if self.state is PoolState.BROKEN else "")
             )
         main = self.main
-        if main is not None and main.index in block_ids:
-            block_ids = [b for b in block_ids if b != main.index]
-        else:
+        if main is None or main.index not in block_ids:
             main = None
+        elif block_ids is self.all_blocks:
+            block_ids = self.worker_blocks
+        else:
+            block_ids = [b for b in block_ids if b != main.index]
         if self._pickled_act and cmd == Command.STEP:
             payloads = self._action_payloads(block_ids)
         blobs = None if payloads is None else _pickle_payloads(payloads, block_ids)
         seq = self.seq = self.seq + 1
-        lines, target, commands, states = self.lines, self._target, self.commands, self.states
-        submitted, now = self._submitted, time.perf_counter()
-        for block in block_ids:
-            line = lines[block]
-            line[P.CMD] = cmd
-            line[P.ARG] = arg
-            line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
-            target[block] = seq
-            submitted[block] = now
-            commands[block] = cmd
-            states[block] = state
+        target, commands, states = self._target, self.commands, self.states
         if block_ids:
+            lines, submitted, now = self.lines, self._submitted, time.perf_counter()
+            for block in block_ids:
+                line = lines[block]
+                line[P.CMD] = cmd
+                line[P.ARG] = arg
+                line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
+                target[block] = seq
+                submitted[block] = now
+                commands[block] = cmd
+                states[block] = state
             fence()
             for block in block_ids:
                 lines[block][P.GO] = seq
@@ -486,11 +489,11 @@ class WorkerPool:
         main = self.main
         if main is not None and main.index in block_ids:
             m = main.index
-            block_ids = [b for b in block_ids if b != m]
+            block_ids = self.worker_blocks if block_ids is self.all_blocks else [b for b in block_ids if b != m]
             if main.pending is not None:
-                target, lines, mine = self._target, self.lines, self._target[m]
-                older = sum(1 for b in block_ids if target[b] < mine and lines[b][DONE] == target[b])
-                if older < count:
+                # Its turn comes unless `count` worker blocks submitted before it are done already
+                # (a wait for every block needs it anyway).
+                if count > len(block_ids) or self._done_before(block_ids, m) < count:
                     try:
                         main.run_pending()
                     except BaseException:  # KeyboardInterrupt, SystemExit: the block is half stepped
@@ -505,6 +508,13 @@ class WorkerPool:
             # The caller is served while some blocks are still out: look at those anyway.
             self._check_late(block_ids, failures, time.perf_counter())
         return failures
+
+    def _done_before(self, block_ids: list[int], main: int) -> int:
+        """How many worker blocks of ``block_ids``, submitted before the main block's
+        command, are done.
+        """
+        target, lines, mine = self._target, self.lines, self._target[main]
+        return sum(1 for b in block_ids if target[b] < mine and lines[b][DONE] == target[b])
 
     def _wait_workers(self, block_ids: list[int], count: int, timeout: float | None, failures: Failures) -> None:
         """Spin, then block, until ``count`` worker blocks of ``block_ids`` have finished or
@@ -643,10 +653,10 @@ class WorkerPool:
         """
         if timeout is None:
             timeout = self.timeout
-        ids = list(range(len(self.blocks))) if block_ids is None else block_ids
+        ids = self.all_blocks if block_ids is None else block_ids
         self.submit(cmd, ids, payloads, arg, fd, BlockState.IDLE)
         failures = self.wait(ids, len(ids), timeout)
-        got, failed = self.collect([b for b in ids if b not in failures], timeout)
+        got, failed = self.collect([b for b in ids if b not in failures] if failures else ids, timeout)
         failures.update(failed)
         replies: list[Any] = [None] * len(self.blocks)
         for block, reply in got.items():

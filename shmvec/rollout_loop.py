@@ -9,7 +9,7 @@ the next row's observations). What a round needs of the vector env comes in as
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from gymnasium import spaces
@@ -28,7 +28,7 @@ class RowRound(Protocol):
     def write_actions(self, t: int, actions: Any) -> None:
         """Check ``actions`` and write them into row ``t`` (``ValueError`` leaves nothing written)."""
 
-    def step_row(self, t: int) -> tuple[dict[str, Any], list[int]]:
+    def step_row(self, t: int) -> tuple[dict[str, Any], Sequence[int]]:
         """Step every env into row ``t``; ``(infos, envs restarted in this step)``."""
 
 
@@ -75,7 +75,7 @@ def fill(
     """Fill every row of ``storage``. An error stops the loop: the rows before it
     (``storage.rows_done``) hold valid steps, and the envs continue from there.
     """
-    restarted: list[tuple[int, list[int]]] = []
+    restarted: list[tuple[int, Sequence[int]]] = []
     for t in range(storage.num_steps):
         actions, extras = split_policy_output(policy(storage.policy_obs[t]), action_space)
         rounds.write_actions(t, actions)

@@ -8,6 +8,7 @@ module knows nothing of processes or envs: :mod:`shmvec.rollout_loop` fills it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -140,7 +141,7 @@ class RolloutStorage:
                 store = self.extras[name] = np.empty((self.num_steps, *a.shape), dtype=a.dtype)
             store[t] = a
 
-    def finish(self, restarted: list[tuple[int, list[int]]]) -> None:
+    def finish(self, restarted: list[tuple[int, Sequence[int]]]) -> None:
         """Complete the ``valid`` mask once every row is written.
 
         Under NEXT_STEP the step after an episode end is a reset (its action ignored), except

@@ -29,6 +29,7 @@ __all__ = ["ShmVecEnv", "SharedBuffers"]
 
 
 _READY, _CLOSED = Lifecycle.READY, Lifecycle.CLOSED
+_NO_ENVS: tuple[int, ...] = ()  # no env restarted (shared: never changed)
 _IN_FLIGHT = BlockState.IN_FLIGHT
 
 
@@ -268,7 +269,7 @@ class ShmVecEnv(VectorEnv):
         self._current_obs = self._home.obs
         if self.check_finite:
             self._results.check_finite(rewards=False)
-        return self._results.observations(self.copy), self._infos.merge(replies, False, self._home, [])
+        return self._results.observations(self.copy), self._infos.merge(replies, False, self._home, _NO_ENVS)
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with its row of ``actions``; see Gymnasium's ``VectorEnv.step``."""
@@ -385,7 +386,7 @@ class ShmVecEnv(VectorEnv):
         with self._closing:  # fewer blocks in flight than a batch (envs held back): what there is
             ready, got, failures = pool.receive(self._batch_blocks)
         commands = pool.commands
-        restarted: list[int] = []
+        restarted: Sequence[int] = _NO_ENVS
         if failures:
             restartable = all(commands[b] == Command.STEP for b in failures)
             restarted = self._settle(failures, restartable, self._home)
@@ -548,7 +549,7 @@ class ShmVecEnv(VectorEnv):
         closes_on_error: bool = True,
         arg: int = 0,
         out: Targets | None = None,
-    ) -> tuple[list, list[int]]:
+    ) -> tuple[list, Sequence[int]]:
         """One synchronous command round (after :meth:`_guard`); apply ``on_error`` to the blocks
         that failed. Returns ``(replies, envs restarted)``; a step's results go to ``out``
         (default: the regular regions).
@@ -557,7 +558,7 @@ class ShmVecEnv(VectorEnv):
         with self._closing:
             replies, failures = self._pool.run(cmd, payloads, arg=arg)
         if not failures:
-            return replies, []
+            return replies, _NO_ENVS
         restartable = cmd == Command.STEP or cmd == Command.ROLLOUT_STEP
         return replies, self._settle(failures, restartable, self._home if out is None else out, closes_on_error)
 
@@ -627,7 +628,7 @@ class _RolloutRounds:
     def write_actions(self, t: int, actions: Any) -> None:
         self._env._write_actions(actions, self._rows[t].act)
 
-    def step_row(self, t: int) -> tuple[dict[str, Any], list[int]]:
+    def step_row(self, t: int) -> tuple[dict[str, Any], Sequence[int]]:
         env, out = self._env, self._rows[t]
         replies, restarted = env._round(Command.ROLLOUT_STEP, arg=t, out=out)
         infos = env._infos.merge(replies, self._same_step, out, restarted) if restarted or any(replies) else {}
