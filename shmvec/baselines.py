@@ -62,12 +62,13 @@ class BaselinesVecEnv:
     context : str, optional
         ``multiprocessing`` start method (default: the platform's).
     in_series : int, default 1
-        As in OpenAI baselines: envs stepped one after the other by each process. Sets
-        ``num_workers = ceil(len(env_fns) / in_series)`` unless ``num_workers`` is given. (The
+        As in OpenAI baselines: envs stepped one after the other by each process. Makes blocks
+        of ``in_series`` envs (``ceil(len(env_fns) / in_series)`` of them, the calling process's
+        one included with ``step_in_main=True``) unless ``num_workers`` is given. (The
         classic default, one process per env, is not shmvec's: with ``in_series=1`` and no
         ``num_workers``, shmvec uses one block per usable core.)
     num_workers : int, optional
-        Env blocks stepped in parallel; see :class:`~shmvec.ShmVecEnv`.
+        Worker processes, each stepping a block of envs; see :class:`~shmvec.ShmVecEnv`.
     **shmvec_kwargs
         Other :class:`~shmvec.ShmVecEnv` options (``step_in_main``, ``timeout``,
         ``validate_actions``, ``on_error``, ``check_finite``, ``spin_us``).
@@ -97,7 +98,8 @@ class BaselinesVecEnv:
         env_fns = list(env_fns)
         in_series = positive_int(in_series, "in_series")
         if num_workers is None and in_series > 1:
-            num_workers = math.ceil(len(env_fns) / in_series)
+            # Blocks of in_series envs, whoever steps them.
+            num_workers = math.ceil(len(env_fns) / in_series) - bool(shmvec_kwargs.get("step_in_main"))
         self.waiting = False
         self.closed = False
         self._actions: Any = None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from shmvec.protocol import ResetPayload, SetAttrPayload
+
 __all__ = ["reset_payloads", "set_attr_payloads", "split"]
 
 
@@ -18,7 +20,7 @@ def split(num_envs: int, num_blocks: int) -> list[range]:
     return out
 
 
-def set_attr_payloads(name: str, values: Any, blocks: list[range]) -> list[tuple[str, list]]:
+def set_attr_payloads(name: str, values: Any, blocks: list[range]) -> list[SetAttrPayload]:
     """``set_attr(name, values)`` as one ``(name, values of the block)`` per block: ``values``
     is one value for every env, or a list/tuple of one per env.
     """
@@ -30,7 +32,9 @@ def set_attr_payloads(name: str, values: Any, blocks: list[range]) -> list[tuple
     return [(name, list(values[b.start : b.stop])) for b in blocks]
 
 
-def reset_payloads(seeds: list | None, options: dict | None, mask: Any, blocks: list[range]) -> list | None:
+def reset_payloads(
+    seeds: list | None, options: dict | None, mask: Any, blocks: list[range]
+) -> list[ResetPayload] | None:
     """A reset's ``(seeds, options, reset_mask)`` per block (each sliced to the block's envs), or
     ``None`` when there is nothing to pass (a plain ``reset()``).
     """

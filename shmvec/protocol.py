@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:  # annotations only: workers import this module before numpy and gymnasium
     from gymnasium.vector import AutoresetMode
 
-    from shmvec.layout import Layout
+    from shmvec.layout import Layout, RolloutLayout
     from shmvec.sync import SpinPolicy
 
 # Words of a control line (indices into its int64 words; plain ints: the hot paths index with them).
@@ -46,6 +46,14 @@ STATUS = 4  # result of the last command, written by the worker
 SLEEPING = 5  # 1 while the owner of this line blocks in the kernel
 ARG = 6  # the command's argument (ROLLOUT_STEP: the row), written by main
 REPLY_LEN = 7  # bytes of the pickled reply in the block's ``replies`` row, or -1: it follows on the pipe
+
+# What follows a command on a worker's pipe (its payload), and what a block answers, per command.
+ResetPayload = tuple[list[Any] | None, dict[str, Any] | None, Any]  # seeds, options, reset_mask slice
+CallPayload = tuple[str, tuple[Any, ...], dict[str, Any]]  # method or attribute name, args, kwargs
+SetAttrPayload = tuple[str, list[Any]]  # name, one value per env of the block
+ActionPayload = dict[str, Any]  # pickled action region name -> the block's [n] object array
+RolloutPayload = tuple["RolloutLayout", Any]  # (RolloutLayout, the mapped rollout segment), as the stepper takes it
+Reports = list[tuple[int, dict[str, Any] | None, dict[str, Any]]]  # STEP/RESET: (env, final_info, info)
 
 # A block's row of the ``replies`` region: a pickled reply up to this size travels there, not on
 # the pipe (a step's infos, say); a larger one (a ``render`` frame) takes the pipe.

@@ -15,12 +15,24 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from shmvec.protocol import Command, ConstructError, Mismatch, Spaces, error_report
+from shmvec.protocol import (
+    ActionPayload,
+    CallPayload,
+    Command,
+    ConstructError,
+    Mismatch,
+    Reports,
+    ResetPayload,
+    RolloutPayload,
+    SetAttrPayload,
+    Spaces,
+    error_report,
+)
 
 if TYPE_CHECKING:
     from gymnasium.vector import AutoresetMode
 
-    from shmvec.layout import Layout
+    from shmvec.layout import Layout, Regions
 
 # Plain ints for the per-step paths: comparing with one costs less than with an enum member.
 _STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP = (
@@ -115,7 +127,7 @@ class Stepper:
         self._pack_flags = struct.Struct(f"{len(envs)}?").pack_into
         self._np = np
 
-    def _targets(self, layout, views: dict, row: int | None) -> Targets:
+    def _targets(self, layout: Regions, views: dict, row: int | None) -> Targets:
         """Views of this block's slice: the regular regions (``row=None``) or rollout row ``row``,
         whose step writes its observation into row ``row + 1``.
         """
@@ -139,7 +151,7 @@ class Stepper:
             at(views["truncations"]),
         )
 
-    def attach_rollout(self, payload: tuple) -> None:
+    def attach_rollout(self, payload: RolloutPayload) -> None:
         """Step into the rollout segment ``(layout, buffer)`` from now on, one row per step."""
         layout, buf = payload
         views = layout.views(buf)
@@ -219,7 +231,7 @@ class Stepper:
         return assemble(self.action_space, parts)
 
     # -- pickled leaves, for a worker process ------------------------------------------------
-    def load_actions(self, payload: dict[str, Any]) -> None:
+    def load_actions(self, payload: ActionPayload) -> None:
         """Take this block's pickled action leaves (``{region name: [n] object array}``)."""
         for name, values in payload.items():
             self.pickled[name][...] = values
@@ -241,7 +253,7 @@ class Stepper:
         return out
 
     # -- commands --------------------------------------------------------------------------
-    def step(self, out: Targets | None = None) -> list | None:
+    def step(self, out: Targets | None = None) -> Reports | None:
         """Step every env, reading actions from and writing results to ``out`` (default: the
         regular regions); return ``[(env_index, final_info, info), ...]`` for the envs that
         have something to report (``None`` if none), where ``final_info`` is the step info of an
@@ -265,7 +277,7 @@ class Stepper:
         truncs = [False] * n
         ended = None
         resets = None
-        reports = None
+        reports: Reports | None = None
         j = 0
         try:
             for j in range(n):
@@ -366,10 +378,10 @@ class Stepper:
                     self.pending_reset[j] = True
                     self.autoreset[j] = True
 
-    def reset(self, payload: tuple | None) -> list | None:
+    def reset(self, payload: ResetPayload | None) -> Reports | None:
         """Reset envs; payload is ``(seeds, options, mask)`` for this block or ``None``."""
         seeds, options, mask = payload if payload is not None else (None, None, None)
-        reports = None
+        reports: Reports | None = None
         for j, env in enumerate(self.envs):
             if mask is not None and not mask[j]:
                 continue
@@ -394,7 +406,7 @@ class Stepper:
         self.current = None
         return reports
 
-    def call(self, payload: tuple) -> list:
+    def call(self, payload: CallPayload) -> list:
         """Call a method (or read an attribute) by name on every env, through wrappers."""
         name, args, kwargs = payload
         results = []
@@ -405,7 +417,7 @@ class Stepper:
         self.current = None
         return results
 
-    def set_attr(self, payload: tuple) -> None:
+    def set_attr(self, payload: SetAttrPayload) -> None:
         name, values = payload
         for j, env in enumerate(self.envs):
             self.current = self.start + j

@@ -176,3 +176,11 @@ def test_nested_actions_one_per_env():
         actions = [space.sample() for _ in range(3)]
         obs, *_ = envs.step(actions)
         np.testing.assert_array_equal(obs, np.stack([gym.spaces.flatten(space, a) for a in actions]))
+
+
+@pytest.mark.parametrize("step_in_main", [False, True])
+def test_in_series_sets_the_block_size(step_in_main):
+    """As in baselines: in_series envs per block, the calling process's block included."""
+    with SubprocVecEnv([lambda: gym.make("CartPole-v1")] * 6, in_series=2, step_in_main=step_in_main) as envs:
+        assert [len(b) for b in envs.vector_env.blocks] == [2, 2, 2]
+        assert len(envs.vector_env.worker_pids) == 3 - step_in_main

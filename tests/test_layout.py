@@ -8,51 +8,17 @@ import pickle
 import numpy as np
 import pytest
 from gymnasium import spaces
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from space_strategies import SETTINGS
+from space_strategies import space_trees as space_trees_of
 
 from shmvec.layout import ALIGN, CTRL_WORDS, Layout, RolloutLayout, control_lines
 from shmvec.protocol import REPLY_BYTES
 from shmvec.tree import PICKLED, space_leaves
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-# --- strategies ---------------------------------------------------------------------------------
-
-shapes = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
-
-
-@st.composite
-def boxes(draw):
-    shape = draw(shapes)
-    dtype = draw(st.sampled_from([np.float32, np.float64, np.int32, np.uint8, np.int64]))
-    low, high = (0, 10) if np.issubdtype(dtype, np.integer) else (-1.0, 1.0)
-    return spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
-
-
-leaf_spaces = st.one_of(
-    boxes(),
-    st.integers(1, 10).map(spaces.Discrete),
-    st.lists(st.integers(2, 5), min_size=1, max_size=3).map(lambda n: spaces.MultiDiscrete(n)),
-    st.integers(1, 6).map(spaces.MultiBinary),
-    st.lists(st.integers(1, 3), min_size=2, max_size=2).map(lambda s: spaces.MultiBinary(s)),
-)
-
-keys = st.text(alphabet="abcdxyz", min_size=1, max_size=3)
-
-
-def nested(depth: int):
-    if depth == 0:
-        return leaf_spaces
-    sub = nested(depth - 1)
-    return st.one_of(
-        leaf_spaces,
-        st.lists(sub, min_size=1, max_size=3).map(lambda s: spaces.Tuple(s)),
-        st.dictionaries(keys, sub, min_size=1, max_size=3).map(lambda d: spaces.Dict(d)),
-    )
-
-
-space_trees = nested(2)
+space_trees = space_trees_of(depth=2)
 
 
 # --- helpers ------------------------------------------------------------------------------------

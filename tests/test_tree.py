@@ -8,48 +8,15 @@ from typing import Any
 import numpy as np
 import pytest
 from gymnasium import spaces
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+
+from space_strategies import SETTINGS
+from space_strategies import space_trees as space_trees_of
 
 from shmvec.tree import PICKLED, Leaf, assemble, flatten, pickled_fields, space_leaves
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-# --- strategies: nested spaces of depth <= 3 ----------------------------------------------------
-
-shapes = st.lists(st.integers(1, 3), min_size=0, max_size=3).map(tuple)
-
-
-@st.composite
-def boxes(draw):
-    shape = draw(shapes)
-    dtype = draw(st.sampled_from([np.float32, np.float64, np.int16, np.uint8]))
-    low, high = (0, 9) if np.issubdtype(dtype, np.integer) else (-2.0, 2.0)
-    return spaces.Box(low=low, high=high, shape=shape, dtype=dtype)
-
-
-leaf_spaces = st.one_of(
-    boxes(),
-    st.builds(spaces.Discrete, st.integers(1, 10), start=st.integers(-3, 3)),
-    st.integers(1, 5).map(spaces.MultiBinary),
-)
-
-keys = st.text(alphabet="abcdxyz", min_size=1, max_size=3)
-
-
-def nested(depth: int):
-    """A leaf, or a Dict / Tuple of nested spaces, at most ``depth`` containers deep."""
-    if depth == 0:
-        return leaf_spaces
-    sub = nested(depth - 1)
-    return st.one_of(
-        leaf_spaces,
-        st.lists(sub, min_size=1, max_size=3).map(lambda s: spaces.Tuple(s)),
-        st.dictionaries(keys, sub, min_size=1, max_size=3).map(lambda d: spaces.Dict(d)),
-    )
-
-
-space_trees = nested(3)
+space_trees = space_trees_of(depth=3)
 seeds = st.integers(0, 2**32 - 1)
 
 
@@ -150,6 +117,7 @@ def test_space_leaves_order_matches_gymnasium(space, seed):
 
 @SETTINGS
 @given(space=space_trees, seed=seeds)
+@pytest.mark.filterwarnings("ignore:.*Casting input x to numpy array")  # Box.contains of a 0-d sample
 def test_flatten_then_assemble_round_trips(space, seed):
     value = sample(space, seed)
     leaves = space_leaves(space)

@@ -50,7 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--seconds", type=_positive, help="length of one measurement window (default 1.2; quick 0.15)")
     b.add_argument("--repeats", type=int, help="windows per cell; the median is reported (default 3; quick 2)")
     b.add_argument("--warmup", type=float, help="warm-up seconds before the windows (default 0.2; quick 0.1)")
-    b.add_argument("--num-workers", type=int, help="shmvec's num_workers (default: usable cores)")
+    b.add_argument(
+        "--num-workers",
+        type=int,
+        help="blocks of envs stepped at once (default: usable cores): shmvec's num_workers, "
+        "less one for the engines whose calling process steps a block",
+    )
     b.add_argument(
         "--max-procs", type=int, help="skip engines that would start more processes than this (default 128; quick 32)"
     )
