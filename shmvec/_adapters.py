@@ -14,6 +14,7 @@ a worker started with ``spawn``/``forkserver`` should not pay for importing them
 
 from __future__ import annotations
 
+import functools
 import operator
 import traceback
 from collections.abc import Callable, Iterable, Sequence
@@ -247,12 +248,15 @@ class EnvSide(gym.Wrapper):
         return results
 
     def _run(self, op: str, args: tuple) -> Any:
-        env = self.env
+        # The env a request reaches: the user's, or the one it holds for shmvec (an AgentRows
+        # holds a PettingZoo env, which has no wrapper chain of Gymnasium's).
+        env = getattr(self.env, "shmvec_target", self.env)
+        attr = env.get_wrapper_attr if isinstance(env, gym.Env) else functools.partial(getattr, env)
         if op == "get_attr":
-            return env.get_wrapper_attr(args[0])
+            return attr(args[0])
         if op == "has_attr":
             try:
-                env.get_wrapper_attr(args[0])
+                attr(args[0])
                 return True
             except AttributeError:
                 return False
@@ -261,7 +265,7 @@ class EnvSide(gym.Wrapper):
             return None
         if op == "env_method":
             name, method_args, method_kwargs = args
-            return env.get_wrapper_attr(name)(*method_args, **method_kwargs)
+            return attr(name)(*method_args, **method_kwargs)
         if op == "is_wrapped":
             wrapper_class = args[0]
             while isinstance(env, gym.Wrapper):

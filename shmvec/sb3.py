@@ -25,7 +25,7 @@ from shmvec._adapters import EnvSideFactory, Failure, batched_actions, env_indic
 from shmvec.checks import refuse_fixed
 from shmvec.vector_env import ShmVecEnv
 
-__all__ = ["SubprocVecEnv"]
+__all__ = ["PettingZooVecEnv", "SubprocVecEnv"]
 
 # The ShmVecEnv options that SB3's semantics decide, and why.
 _FIXED = {
@@ -95,8 +95,14 @@ class SubprocVecEnv(VecEnv):
             validate_actions=validate_actions,
             **shmvec_kwargs,
         )
-        venv = self.vector_env
-        super().__init__(len(env_fns), venv.single_observation_space, venv.single_action_space)
+        self._start(self.vector_env, self.vector_env, 1)
+
+    def _start(self, vector_env: Any, copies: ShmVecEnv, rows_per_copy: int) -> None:
+        """Become SB3's VecEnv over ``vector_env`` (its rows are SB3's envs), whose per-env
+        requests run in the envs of ``copies``, ``rows_per_copy`` rows each.
+        """
+        self._copies, self._rows_per_copy = copies, rows_per_copy
+        super().__init__(vector_env.num_envs, vector_env.single_observation_space, vector_env.single_action_space)
 
     # -- stepping ------------------------------------------------------------------------
     def reset(self) -> VecEnvObs:
@@ -182,9 +188,10 @@ class SubprocVecEnv(VecEnv):
         targets = env_indices(indices, self.num_envs)
         if not targets:
             return []
-        replies = self.vector_env.call("shmvec_request", tuple(targets), op, args)
-        pending = {i: iter(replies[i]) for i in set(targets)}
-        results = [next(pending[i]) for i in targets]
+        copies = [i // self._rows_per_copy for i in targets]  # the env each row belongs to
+        replies = self._copies.call("shmvec_request", tuple(copies), op, args)
+        pending = {c: iter(replies[c]) for c in set(copies)}
+        results = [next(pending[c]) for c in copies]
         for i, result in zip(targets, results):
             if isinstance(result, Failure):
                 result.reraise(i)
@@ -209,3 +216,58 @@ def _option_groups(options: list[dict[str, Any]]) -> list[tuple[dict[str, Any], 
             mask[i] = True
             groups.append((opts, mask))
     return groups
+
+
+class PettingZooVecEnv(SubprocVecEnv):
+    """SB3's ``VecEnv`` over PettingZoo parallel envs, one env per agent: parameter sharing.
+
+    A :class:`~shmvec.pettingzoo.MultiAgentVecEnv` underneath: env ``i * A + j`` of the VecEnv
+    is agent ``j`` of copy ``i`` (``A`` agents per copy), with SB3's contract as in
+    :class:`SubprocVecEnv` (an episode that ends is reset within the step, its rows'
+    ``terminal_observation`` in their infos; an agent that left early keeps a zero observation
+    and ``info["active"] = False``: see ``docs/multiagent.md``). Per-env requests
+    (``get_attr``, ``set_attr``, ``env_method`` with ``indices``) reach the PettingZoo env of each
+    row's copy. Seeds from :meth:`seed` seed each copy with its first row's seed.
+
+    >>> from mpe2 import simple_spread_v3
+    >>> from shmvec.sb3 import PettingZooVecEnv
+    >>> venv = PettingZooVecEnv([lambda: simple_spread_v3.parallel_env(N=3)] * 2, num_workers=1)
+    >>> venv.reset().shape
+    (6, 18)
+    >>> venv.close()
+
+    Parameters
+    ----------
+    env_fns : list of callables
+        Factories returning PettingZoo parallel (or AEC) envs whose agents share their spaces.
+    start_method, num_workers, validate_actions, **shmvec_kwargs
+        As for :class:`SubprocVecEnv`.
+    """
+
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        start_method: str | None = None,
+        *,
+        num_workers: int | None = None,
+        validate_actions: bool = False,
+        **shmvec_kwargs: Any,
+    ) -> None:
+        from shmvec.pettingzoo import MultiAgentVecEnv
+
+        refuse_fixed("PettingZooVecEnv", shmvec_kwargs, _FIXED)
+        self.waiting = False
+        self.closed = False
+        self._actions: Any = None
+        self.vector_env = MultiAgentVecEnv(  # type: ignore[assignment]  # rows, not envs: the same API
+            env_fns,
+            copy_wrapper=EnvSideFactory,
+            num_workers=num_workers,
+            autoreset_mode=AutoresetMode.SAME_STEP,
+            copy=True,
+            context=start_method,
+            validate_actions=validate_actions,
+            **shmvec_kwargs,
+        )
+        venv = self.vector_env
+        self._start(venv, venv.vector_env, venv.agents_per_copy)  # type: ignore[attr-defined]

@@ -6,8 +6,9 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["shmvec", "shmvec.vector_env", "shmvec.rollout", "shmvec.advantage",
-                                    "shmvec.torch"])
+@pytest.mark.parametrize("module", ["shmvec", "shmvec.vector_env", "shmvec.make_vec", "shmvec.rollout",
+                                    "shmvec.advantage", "shmvec.torch", "shmvec.baselines", "shmvec.pettingzoo",
+                                    "shmvec.sb3"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0
