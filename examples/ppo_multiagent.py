@@ -8,7 +8,7 @@ The agent and the update are those of ``examples/ppo_cartpole.py``; the collecti
 PettingZoo env runs in a worker, and ``envs.rollout(policy, T)`` writes ``[T, copies * agents]``
 rows in place. The policy sees one row per agent and acts for each. A transition is real where
 ``batch["valid"]`` (not the reset step after an episode end) and ``batch["active"]`` (the
-row's agent was still in the episode) hold: ``shmvec.gae`` skips the other rows, and the
+row's agent was still in the episode) hold: ``shmvec.rollout_gae`` skips the other rows, and the
 update trains on the real ones only.
 
 ``--num-envs`` counts copies of the env here. Needs torch and the ``pettingzoo`` extra.
@@ -105,11 +105,9 @@ def _train(envs: MultiAgentVecEnv, hp: Hyperparams, total_steps: int, seed: int,
 
         # 2. Advantages over real rows only; a truncated episode bootstraps from its final obs.
         values = batch["value"]
-        advantages, returns = shmvec.gae(
-            batch["rewards"], values, batch["terminations"], batch["truncations"],
-            policy.value(batch["next_obs"]), gamma=hp.gamma, lam=hp.gae_lambda,
-            autoreset="next_step", valid=real,
-        )  # fmt: skip
+        advantages, returns = shmvec.rollout_gae(
+            batch, policy.value(batch["next_obs"]), gamma=hp.gamma, lam=hp.gae_lambda
+        )
 
         # 3. One policy for every agent, trained on every real row.
         ppo_update(agent, optimizer, hp, batch["obs"][real], batch["actions"][real], batch["logprob"][real],

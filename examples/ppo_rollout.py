@@ -11,9 +11,9 @@ agent in sampling mode) keeps its log-probabilities and values beside them.
 
 The rollout uses NEXT_STEP autoreset, Gymnasium's default: after an episode ends, the env's next
 step is a reset whose action is ignored. ``batch["valid"]`` marks those rows False;
-``shmvec.gae(..., autoreset="next_step", valid=...)`` skips them and bootstraps a truncated
-episode from the value of the following row (its final observation), and the update trains only
-on valid rows.
+``shmvec.rollout_gae(batch, last_values)`` reads that mode from the batch: it skips them and
+bootstraps a truncated episode from the value of the following row (its final observation),
+and the update trains only on valid rows.
 
 :func:`train` takes any vector env with ``reset`` and ``rollout``: a :class:`shmvec.ShmVecEnv`
 (the default) or a :class:`shmvec.ray.RayVecEnv` (``examples/ppo_ray.py``), where the policy is
@@ -122,11 +122,9 @@ def _train(envs: Any, hp: Hyperparams, total_steps: int, n: int, seed: int, prog
 
         # 2. Advantages: invalid rows are skipped, truncations bootstrap from the next row.
         values = batch["value"]
-        advantages, returns = shmvec.gae(
-            batch["rewards"], values, batch["terminations"], batch["truncations"],
-            policy.value(batch["next_obs"]), gamma=hp.gamma, lam=hp.gae_lambda,
-            autoreset="next_step", valid=valid,
-        )  # fmt: skip
+        advantages, returns = shmvec.rollout_gae(
+            batch, policy.value(batch["next_obs"]), gamma=hp.gamma, lam=hp.gae_lambda
+        )
 
         # 3. Optimise on the valid rows only (a reset row's action did nothing).
         ppo_update(agent, optimizer, hp, batch["obs"][valid], batch["actions"][valid], batch["logprob"][valid],

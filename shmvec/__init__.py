@@ -34,6 +34,7 @@ _LAZY = {
     "ActorDied": "shmvec.errors",
     "gae": "shmvec.advantage",
     "discounted_returns": "shmvec.advantage",
+    "rollout_gae": "shmvec.advantage",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

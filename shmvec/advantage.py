@@ -54,7 +54,7 @@ from numba import get_num_threads, njit, prange
 
 from shmvec.checks import parse_autoreset_mode
 
-__all__ = ["gae", "discounted_returns"]
+__all__ = ["gae", "discounted_returns", "rollout_gae"]
 
 # Parallel blocks start on multiples of this many envs (64 bytes of float32) so that two
 # threads never write into the same cache line.
@@ -515,6 +515,79 @@ def gae(
         mode |= _CHECK_OUT
     _compute(r, v, te, tr, lv, fv, vd, adv, ret, gamma, lam, mode, parallel)
     return adv, ret
+
+
+def rollout_gae(
+    batch: dict[str, Any],
+    last_values: Any,
+    *,
+    values: str | Any = "value",
+    final_values: Any | None = None,
+    gamma: float = 0.99,
+    lam: float = 0.95,
+    parallel: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`gae` over a batch of ``ShmVecEnv.rollout`` (or ``MultiAgentVecEnv.rollout``), in
+    the autoreset mode the batch was collected under: the path from a rollout to advantages that
+    cannot mix the modes up.
+
+    >>> import numpy as np, shmvec
+    >>> envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2)
+    >>> _ = envs.reset(seed=0)
+    >>> def policy(obs):
+    ...     return (obs[:, 2] > 0).astype(np.int64), {"value": obs[:, 0] * 0.5}
+    >>> batch = envs.rollout(policy, num_steps=32)
+    >>> advantages, returns = shmvec.rollout_gae(batch, last_values=policy(batch["next_obs"])[1]["value"])
+    >>> advantages.shape
+    (32, 4)
+    >>> envs.close()
+
+    Parameters
+    ----------
+    batch : dict
+        What ``rollout`` returned. Under NEXT_STEP it holds ``valid`` (the reset step after an
+        episode end is no transition; a truncated episode bootstraps from the next row, its final
+        observation), and a multi-agent batch ``active`` (rows of agents that had left are no
+        transitions either). Under SAME_STEP it holds ``final_obs``.
+    last_values : array_like, shape [N]
+        ``V(batch["next_obs"])``.
+    values : str or array_like, default "value"
+        The batch's extra holding ``V(obs[t])``, or the ``[T, N]`` values themselves.
+    final_values : array_like, shape [T, N], optional
+        SAME_STEP only: ``V(batch["final_obs"])``, the bootstrap of truncated episodes. Required
+        when the batch has a truncated step: without it such a step would bootstrap nothing, as
+        a terminated one does (pass zeros to ask for exactly that).
+    gamma, lam, parallel
+        As for :func:`gae`.
+
+    Raises
+    ------
+    ValueError
+        A batch of neither mode (no ``valid`` and no ``final_obs``), ``final_values`` under
+        NEXT_STEP, or a SAME_STEP batch with truncations and no ``final_values``.
+    """
+    v = batch[values] if isinstance(values, str) else values
+    args = (batch["rewards"], v, batch["terminations"], batch["truncations"], last_values)
+    if "valid" in batch:
+        if final_values is not None:
+            raise ValueError(
+                "rollout_gae: a NEXT_STEP batch bootstraps a truncated episode from the next row (its "
+                "final observation): pass no final_values"
+            )
+        valid = batch["valid"] if "active" not in batch else batch["valid"] & batch["active"]
+        return gae(*args, gamma=gamma, lam=lam, valid=valid, autoreset="next_step", parallel=parallel)
+    if "final_obs" not in batch:
+        raise ValueError(
+            "rollout_gae takes the dict that ShmVecEnv.rollout returns: it has 'valid' (NEXT_STEP) or "
+            "'final_obs' (SAME_STEP); for other rollouts call shmvec.gae with autoreset= and valid="
+        )
+    if final_values is None and np.any(batch["truncations"]):
+        raise ValueError(
+            "rollout_gae: this SAME_STEP batch has truncated episodes, which bootstrap from the value of "
+            "their final observation: pass final_values=V(batch['final_obs']) (zeros to bootstrap nothing)"
+        )
+    valid = batch.get("active")
+    return gae(*args, final_values, gamma, lam, valid=valid, autoreset="same_step", parallel=parallel)
 
 
 def discounted_returns(

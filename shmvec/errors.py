@@ -56,10 +56,11 @@ class WorkerError(ShmVecError):
 class WorkerDied(ShmVecError):
     """A worker process exited without being asked to (killed, crashed, ``os._exit``)."""
 
-    def __init__(self, worker_index: int, exitcode: int | None, envs: range) -> None:
+    def __init__(self, worker_index: int, exitcode: int | None, envs: range, hint: str = "") -> None:
         self.worker_index = worker_index
         self.exitcode = exitcode
         self.envs = envs
+        self.hint = hint
         if exitcode is not None and exitcode < 0:
             import signal
 
@@ -69,10 +70,10 @@ class WorkerDied(ShmVecError):
                 how = f"was killed by signal {-exitcode}"
         else:
             how = f"exited with code {exitcode}"
-        super().__init__(f"worker {worker_index} (envs {envs.start}..{envs.stop - 1}) {how}")
+        super().__init__(f"worker {worker_index} (envs {envs.start}..{envs.stop - 1}) {how}{hint}")
 
     def __reduce__(self) -> tuple:
-        return type(self), (self.worker_index, self.exitcode, self.envs)
+        return type(self), (self.worker_index, self.exitcode, self.envs, self.hint)
 
 
 class NonFiniteError(ShmVecError, ValueError):

@@ -152,14 +152,21 @@ class WorkerProcesses:
                 except EOFError:
                     pass
             if proc.sentinel in ready or not proc.is_alive():
-                raise self.died(block)
+                raise self.died(block, phase)
 
     # -- faults ------------------------------------------------------------------------------------
-    def died(self, block: int) -> WorkerDied:
-        """Reap worker ``block``, which exited; the failure to report."""
+    def died(self, block: int, phase: str | None = None) -> WorkerDied:
+        """Reap worker ``block``, which exited (during ``phase``, where known); the failure to report."""
         proc = self.procs[block]
         proc.join(1.0)
-        return WorkerDied(block, proc.exitcode, self.block_envs[block])
+        hint = ""
+        if phase == "construct" and self.context != "fork" and proc.exitcode == 1:
+            # The usual cause: a script without a main guard, which the worker imports again.
+            hint = (
+                f". Under the {self.context!r} start method each worker imports your main module again: "
+                'create vector envs under `if __name__ == "__main__":` (the worker\'s error is on stderr)'
+            )
+        return WorkerDied(block, proc.exitcode, self.block_envs[block], hint)
 
     def stop_overdue(self, block: int, phase: str, timeout: float | None) -> StepTimeout:
         """Kill worker ``block``, which overran ``timeout`` (``None``: a deadline of the set-up)

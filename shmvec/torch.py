@@ -137,7 +137,9 @@ class TorchVecEnv(VectorWrapper):
         ``True``: every call returns new tensors. ``False``: the same tensors every call of a
         given batch size, overwritten by the next call (on the CPU: views of the shared buffers).
         Fixed addresses suit CUDA graphs; a copy then first waits for the work already queued
-        on the current stream, which may still read the previous batch.
+        on the current stream, which may still read the previous batch. On the CPU these are
+        the env's shared result buffers, which torch cannot mark read-only (numpy's views are):
+        an in-place change writes into them, so ``clone()`` a tensor before changing it.
     """
 
     env: ShmVecEnv  # VectorWrapper types it as any VectorEnv; __init__ accepts a ShmVecEnv only

@@ -336,6 +336,13 @@ class ShmVecEnv(VectorEnv):
     def __enter__(self) -> ShmVecEnv:
         return self
 
+    def __reduce__(self) -> Any:
+        # (pickle, copy.copy and copy.deepcopy all come here)
+        raise TypeError(
+            "a ShmVecEnv cannot be pickled or copied: it owns worker processes and shared memory. "
+            "Pickle its env factories instead and build a new ShmVecEnv from them where you need one."
+        )
+
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 

@@ -461,3 +461,57 @@ def test_replies_travel_in_shared_memory_or_on_the_pipe_by_size():
         for nbytes in (10, REPLY_BYTES - 100, REPLY_BYTES + 100, 3 * REPLY_BYTES, 10):
             assert envs.call("payload", nbytes) == (b"x" * nbytes,) * 4
     ref.close()
+
+
+def test_version_license_and_type_marker_are_packaged(capsys):
+    """`shmvec --version` says the one version there is; the wheel ships LICENSE and py.typed."""
+    import tomllib
+    from pathlib import Path
+
+    from shmvec.__main__ import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"shmvec {shmvec.__version__}"
+    root = Path(__file__).resolve().parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    assert project["project"]["dynamic"] == ["version"]  # read from shmvec.__version__
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "shmvec.__version__"}
+    assert "LICENSE" in project["project"]["license-files"] and (root / "LICENSE").is_file()
+    assert (root / "shmvec" / "py.typed").is_file() and "py.typed" in project["tool"]["setuptools"]["package-data"]["shmvec"]
+    assert any(req.startswith("setuptools>=77") for req in project["build-system"]["requires"])
+
+
+def test_pickling_or_copying_says_why_it_cannot():
+    import copy
+    import pickle
+
+    with shmvec.make("CartPole-v1", num_envs=2, num_workers=1) as envs:
+        for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(TypeError, match="owns worker processes and shared memory.*env factories"):
+                attempt(envs)
+        envs.reset(seed=0)  # still usable
+
+
+def test_make_takes_make_vecs_call_shape():
+    """Keywords of gymnasium.make_vec's shape: env arguments go to gymnasium.make, ShmVecEnv's
+    options to the vector env (top level or vector_kwargs), and a keyword that is neither says so."""
+    import gymnasium as gym
+
+    want = gym.make_vec("CartPole-v1", 2, vectorization_mode="sync", render_mode="rgb_array", max_episode_steps=7)
+    with shmvec.make("CartPole-v1", 2, render_mode="rgb_array", max_episode_steps=7, num_workers=1) as envs:
+        assert envs.render_mode == want.render_mode == "rgb_array" and envs.num_workers == 1
+        got_obs, _ = envs.reset(seed=0)
+        want_obs, _ = want.reset(seed=0)
+        assert np.array_equal(got_obs, want_obs)
+        for _ in range(7):
+            got = envs.step(np.zeros(2, dtype=np.int64))
+            ref = want.step(np.zeros(2, dtype=np.int64))
+        assert got[3].all() and ref[3].all()  # the time limit reached the env
+    want.close()
+    with shmvec.make("CartPole-v1", 2, None, {"num_workers": 2}, env_kwargs={"render_mode": "rgb_array"}) as envs:
+        assert envs.num_workers == 2 and envs.render_mode == "rgb_array"
+    with pytest.raises(TypeError, match=r"'gravity_x' is neither an option of ShmVecEnv \(.*num_workers.*\) nor an argument"):
+        shmvec.make("CartPole-v1", 2, gravity_x=3.0)
+    with pytest.raises(ValueError, match="vectorization_mode='sync'"):
+        shmvec.make("CartPole-v1", 2, vectorization_mode="sync")

@@ -694,3 +694,22 @@ def test_instruction_counts_per_env_step(tmp_path, capsys):
     assert 10_000 < serial < figures[("cartpole", "shmvec", 4)] < 3 * serial, figures
     with pytest.raises(SystemExit):  # the split-serial ceiling starts processes: only with --workers
         instructions.main(["--engines", "split-serial"])
+
+
+def test_cli_help_names_the_presets_own_defaults():
+    """The bench command's help states the defaults the presets use (they once drifted apart)."""
+    from shmvec.bench.cli import build_parser
+    from shmvec.bench.sweep import SweepConfig
+
+    bench = build_parser()._subparsers._group_actions[0].choices["bench"]
+    helps = {a.dest: a.help for a in bench._actions}
+    full, quick = SweepConfig.full(), SweepConfig.quick_preset()
+    assert f"default {full.timing.seconds:g}; quick {quick.timing.seconds:g}" in helps["seconds"]
+    assert f"default {full.timing.repeats}; quick {quick.timing.repeats}" in helps["repeats"]
+    assert f"default {full.timing.warmup:g}; quick {quick.timing.warmup:g}" in helps["warmup"]
+    assert f"default {','.join(map(str, full.num_envs))}; quick {','.join(map(str, quick.num_envs))}" in helps["num_envs"]
+    assert "minute" not in helps["quick"]
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
+    assert f"{full.timing.repeats} windows of {full.timing.seconds:g} s" in doc

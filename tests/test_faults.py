@@ -577,3 +577,16 @@ def test_reset_after_a_restart_reports_no_restart():
         assert "restarted" not in infos
     finally:
         envs.close()
+
+
+def test_spawn_without_a_main_guard_says_what_to_do(tmp_path):
+    """A script that builds a vector env at module level under spawn: each worker imports it
+    again and dies at once; the error says why and what to do."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "no_guard.py"
+    script.write_text("import shmvec\nenvs = shmvec.make('CartPole-v1', num_envs=2, num_workers=1, context='spawn')\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert "WorkerDied" in out.stderr and 'if __name__ == "__main__":' in out.stderr, out.stderr[-2000:]

@@ -756,3 +756,45 @@ def test_kernels_are_cached_on_disk():
     hits, misses = map(int, run_python(code).split())
     assert hits >= 1 and misses == 0
 
+
+
+# -- rollout_gae: the batch knows its autoreset mode ----------------------------------------------
+def _cartpole_rollout(mode, steps=60):
+    def policy(obs):
+        return (obs[:, 2] > 0).astype(np.int64), {"value": (obs[:, 0] * 0.5 + obs[:, 2]).astype(np.float32)}
+
+    envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2, autoreset_mode=mode, max_episode_steps=20)
+    envs.reset(seed=0)
+    batch = envs.rollout(policy, num_steps=steps)
+    batch = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in batch.items()}
+    envs.close()
+    return batch, policy
+
+
+def test_rollout_gae_under_next_step_masks_the_reset_rows():
+    batch, policy = _cartpole_rollout("next_step")
+    last = policy(batch["next_obs"])[1]["value"]
+    assert not batch["valid"].all() and batch["truncations"].any()  # resets and time limits happened
+    adv, ret = shmvec.rollout_gae(batch, last)
+    want = gae(batch["rewards"], batch["value"], batch["terminations"], batch["truncations"], last,
+               autoreset="next_step", valid=batch["valid"])
+    assert np.array_equal(adv, want[0]) and np.array_equal(ret, want[1])
+    # What the silent mistake gives (the default mode, no mask): different advantages.
+    wrong = gae(batch["rewards"], batch["value"], batch["terminations"], batch["truncations"], last)
+    assert not np.allclose(adv, wrong[0])
+    with pytest.raises(ValueError, match="pass no final_values"):
+        shmvec.rollout_gae(batch, last, final_values=np.zeros_like(batch["value"]))
+
+
+def test_rollout_gae_under_same_step_wants_the_final_values():
+    batch, policy = _cartpole_rollout("same_step")
+    last = policy(batch["next_obs"])[1]["value"]
+    final = policy(batch["final_obs"].reshape(-1, 4))[1]["value"].reshape(batch["value"].shape)
+    assert batch["truncations"].any()
+    with pytest.raises(ValueError, match=r"pass final_values=V\(batch\['final_obs'\]\)"):
+        shmvec.rollout_gae(batch, last)
+    adv, ret = shmvec.rollout_gae(batch, last, final_values=final)
+    want = gae(batch["rewards"], batch["value"], batch["terminations"], batch["truncations"], last, final)
+    assert np.array_equal(adv, want[0]) and np.array_equal(ret, want[1])
+    with pytest.raises(ValueError, match="has 'valid' \\(NEXT_STEP\\) or 'final_obs'"):
+        shmvec.rollout_gae({k: v for k, v in batch.items() if k != "final_obs"}, last, final_values=final)

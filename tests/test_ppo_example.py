@@ -104,11 +104,11 @@ def test_rollout_ppo_improves_on_random_play(ppo_rollout):
 
 
 def test_rollout_ppo_trains_on_valid_rows_with_next_step_gae(ppo_rollout, monkeypatch):
-    """The update sees exactly the valid rows, and gae gets the NEXT_STEP mask."""
-    import shmvec
+    """The update sees exactly the valid rows, and gae gets the NEXT_STEP mask (from rollout_gae)."""
+    import shmvec.advantage
 
     updates, gae_calls = [], []
-    real_update, real_gae = ppo_rollout.ppo_update, shmvec.gae
+    real_update, real_gae = ppo_rollout.ppo_update, shmvec.advantage.gae
 
     def spy_update(agent, optimizer, hp, obs, actions, logprobs, advantages, returns, values):
         updates.append((obs.copy(), actions.copy(), advantages.copy()))
@@ -119,7 +119,7 @@ def test_rollout_ppo_trains_on_valid_rows_with_next_step_gae(ppo_rollout, monkey
         return real_gae(*args, **kwargs)
 
     monkeypatch.setattr(ppo_rollout, "ppo_update", spy_update)
-    monkeypatch.setattr(shmvec, "gae", spy_gae)
+    monkeypatch.setattr(shmvec.advantage, "gae", spy_gae)
     stats = ppo_rollout.train(total_steps=2_048, num_envs=4, seed=1, num_workers=2, progress=False)
     assert len(updates) == len(gae_calls) == 8  # 2048 / (4 x 64)
     valid_rows = sum(int(v.sum()) for _, v in gae_calls)

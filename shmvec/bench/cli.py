@@ -33,7 +33,10 @@ def _positive(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from shmvec import __version__
+
     parser = argparse.ArgumentParser(prog="shmvec", description="shmvec benchmarks and tuning.")
+    parser.add_argument("--version", action="version", version=f"shmvec {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="{bench,tune}")
     sub.required = True
 
@@ -43,13 +46,32 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run the throughput sweep and print a markdown report; results go to "
         "OUT/<timestamp>/ (JSON, markdown, PNG plots) and OUT/latest.",
     )
-    b.add_argument("--quick", action="store_true", help="small sweep, short windows (under a minute)")
+    # The defaults named in the help texts are the presets' own values.
+    from shmvec.bench.sweep import SweepConfig
+
+    full, quick = SweepConfig.full(), SweepConfig.quick_preset()
+    sizes = ",".join(map(str, full.num_envs)), ",".join(map(str, quick.num_envs))
+    b.add_argument("--quick", action="store_true", help="small sweep, short windows (a smoke test, not figures)")
     b.add_argument("--workloads", type=_names, metavar="A,B", help="workloads to run (see --list)")
     b.add_argument("--engines", type=_names, metavar="A,B", help="engines to run (see --list)")
-    b.add_argument("--num-envs", type=_ints, metavar="N,M", help="sizes to sweep (default 8,32,128,256; quick 8,32)")
-    b.add_argument("--seconds", type=_positive, help="length of one measurement window (default 1.2; quick 0.15)")
-    b.add_argument("--repeats", type=int, help="windows per cell; the median is reported (default 3; quick 2)")
-    b.add_argument("--warmup", type=float, help="warm-up seconds before the windows (default 0.2; quick 0.1)")
+    b.add_argument(
+        "--num-envs", type=_ints, metavar="N,M", help=f"sizes to sweep (default {sizes[0]}; quick {sizes[1]})"
+    )
+    b.add_argument(
+        "--seconds",
+        type=_positive,
+        help=f"length of one measurement window (default {full.timing.seconds:g}; quick {quick.timing.seconds:g})",
+    )
+    b.add_argument(
+        "--repeats",
+        type=int,
+        help=f"windows per cell; the median is reported (default {full.timing.repeats}; quick {quick.timing.repeats})",
+    )
+    b.add_argument(
+        "--warmup",
+        type=float,
+        help=f"warm-up seconds before the windows (default {full.timing.warmup:g}; quick {quick.timing.warmup:g})",
+    )
     b.add_argument(
         "--num-workers",
         type=int,

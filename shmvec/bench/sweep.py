@@ -83,7 +83,7 @@ class SweepConfig:
 
     @classmethod
     def quick_preset(cls, **overrides: Any) -> SweepConfig:
-        """``--quick``: a small sweep for CI smoke tests and first impressions (under a minute)."""
+        """``--quick``: a small sweep for smoke tests (short windows: no figures to quote)."""
         base = cls(num_envs=[8, 32], timing=Timing(seconds=0.15, repeats=2, warmup=0.1), max_procs=32, quick=True)
         return replace(base, **overrides)
 
