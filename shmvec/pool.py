@@ -655,7 +655,14 @@ class WorkerPool:
             timeout = self.timeout
         ids = self.all_blocks if block_ids is None else block_ids
         self.submit(cmd, ids, payloads, arg, fd, BlockState.IDLE)
-        failures = self.wait(ids, len(ids), timeout)
+        try:
+            failures = self.wait(ids, len(ids), timeout)
+        except KeyboardInterrupt:
+            # Ctrl-C while the blocks run: they finish the command on their own. In flight, the
+            # next receive (a drain) waits for them and drops their results; the pool goes on.
+            for block in ids:
+                self.states[block] = BlockState.IN_FLIGHT
+            raise
         got, failed = self.collect([b for b in ids if b not in failures] if failures else ids, timeout)
         failures.update(failed)
         replies: list[Any] = [None] * len(self.blocks)

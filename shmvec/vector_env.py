@@ -18,7 +18,7 @@ from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, see
 from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerError
 from shmvec.infos import InfoMerger
 from shmvec.lifecycle import Lifecycle, refuse
-from shmvec.pool import BlockState, Failures, WorkerPool
+from shmvec.pool import BlockState, Failures, PoolState, WorkerPool
 from shmvec.protocol import Command
 from shmvec.results import Results, SharedBuffers
 from shmvec.rollout_loop import check_rollout, fill
@@ -563,7 +563,14 @@ class ShmVecEnv(VectorEnv):
         """
         self._held = None
         with self._closing:
-            replies, failures = self._pool.run(cmd, payloads, arg=arg)
+            try:
+                replies, failures = self._pool.run(cmd, payloads, arg=arg)
+            except KeyboardInterrupt:
+                # The round finishes in the workers and is dropped (_ClosingOnError keeps the env
+                # open): its results are lost, so the caller starts again from a reset.
+                if self._state is _READY:
+                    self._state = Lifecycle.NEEDS_RESET
+                raise
         if not failures:
             return replies, _NO_ENVS
         restartable = cmd == Command.STEP or cmd == Command.ROLLOUT_STEP
@@ -659,7 +666,11 @@ class _ClosingOnError:
         return None
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
-        if exc_type is not None and not issubclass(exc_type, PayloadError):  # nothing was sent
-            env = self._env()
-            if env is not None:
-                env.close()
+        if exc_type is None or issubclass(exc_type, PayloadError):  # nothing was sent
+            return
+        env = self._env()
+        if env is None:
+            return
+        if issubclass(exc_type, KeyboardInterrupt) and env._pool.state is PoolState.OPEN:
+            return  # Ctrl-C while the workers ran: what they run is drained later; the env goes on
+        env.close()

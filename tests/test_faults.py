@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from envs_for_tests import FaultyEnv
+from envs_for_tests import FaultyEnv, SlowEnv
 
 import shmvec
 
@@ -590,3 +590,72 @@ def test_spawn_without_a_main_guard_says_what_to_do(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "WorkerDied" in out.stderr and 'if __name__ == "__main__":' in out.stderr, out.stderr[-2000:]
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------
+@pytest.fixture
+def sigint():
+    """``sigint(seconds)`` sends this process a real SIGINT that many seconds later, handled as a
+    terminal user's is (a shell without job control starts its jobs with SIGINT ignored)."""
+    import os
+    import threading
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timers = []
+
+    def after(seconds):
+        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        timers.append(timer)
+
+    yield after
+    for timer in timers:
+        timer.cancel()
+        timer.join()
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.parametrize("call", ["step", "rollout", "call"])
+def test_ctrl_c_in_a_round_leaves_the_env_usable(call, sigint):
+    """A real SIGINT while the workers step: KeyboardInterrupt reaches the caller, the env stays
+    open, asks for a reset, and works after it; nothing leaks (the autouse check)."""
+    from gymnasium.error import ResetNeeded
+
+    envs = shmvec.ShmVecEnv([functools.partial(SlowEnv, step_us=300_000)] * 2, num_workers=2)
+    try:
+        envs.reset(seed=0)
+        actions = np.zeros(2, dtype=np.int64)
+        sigint(0.1)
+        with pytest.raises(KeyboardInterrupt):
+            if call == "step":
+                envs.step(actions)
+            elif call == "rollout":
+                envs.rollout(lambda obs: actions, num_steps=3)
+            else:
+                envs.call("step", 0)  # (what runs in the workers does not matter)
+        assert not envs.closed
+        with pytest.raises(ResetNeeded):
+            envs.step(actions)
+        obs, _ = envs.reset(seed=2)  # drains the interrupted round first
+        assert obs.shape == (2, 4)
+        _, rewards, *_ = envs.step(actions)
+        assert rewards.tolist() == [1.0, 1.0]
+    finally:
+        envs.close()
+
+
+def test_ctrl_c_in_recv_keeps_the_batch_coming(sigint):
+    envs = shmvec.ShmVecEnv([functools.partial(SlowEnv, step_us=300_000)] * 2, num_workers=2, batch_size=1)
+    try:
+        envs.async_reset(seed=0)
+        _, _, _, _, _, ids = envs.recv()
+        envs.send(np.zeros(1, dtype=np.int64), ids)
+        _, _, _, _, _, other = envs.recv()
+        envs.send(np.zeros(1, dtype=np.int64), other)
+        sigint(0.1)
+        with pytest.raises(KeyboardInterrupt):
+            envs.recv()
+        got = sorted(int(envs.recv()[5][0]) for _ in range(2))  # both steps still arrive
+        assert got == [0, 1] and not envs.closed
+    finally:
+        envs.close()
