@@ -3,8 +3,8 @@
     python examples/ppo_multiagent.py                     # 300k agent steps, 8 copies x 3 agents
     python examples/ppo_multiagent.py --total-steps 60000 --num-envs 4
 
-The agent and the update are those of ``examples/ppo_cartpole.py``; the collection is that of
-``examples/ppo_rollout.py``, on a :class:`shmvec.pettingzoo.MultiAgentVecEnv`: every copy of the
+The agent, the update and the loop are those of ``examples/ppo_rollout.py``, on a
+:class:`shmvec.pettingzoo.MultiAgentVecEnv`: every copy of the
 PettingZoo env runs in a worker, and ``envs.rollout(policy, T)`` writes ``[T, copies * agents]``
 rows in place. The policy sees one row per agent and acts for each. A transition is real where
 ``batch["valid"]`` (not the reset step after an episode end) and ``batch["active"]`` (the
@@ -21,15 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-import shmvec
 from shmvec.pettingzoo import MultiAgentVecEnv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling examples, run from anywhere
-from ppo_cartpole import Agent, Hyperparams, Tracker, cli, ppo_update  # noqa: E402
-from ppo_rollout import TorchPolicy  # noqa: E402
+from ppo_cartpole import Hyperparams, cli  # noqa: E402
+from ppo_rollout import _train  # noqa: E402
 
 
 class SimpleSpread:
@@ -58,7 +56,7 @@ def train(
 
     ``total_steps`` counts agent steps; ``num_envs`` copies of the env (3 agents each). The
     returns reported are per agent and episode (simple_spread's reward is mostly shared).
-    Statistics as :func:`ppo_cartpole.train`, plus ``real_fraction`` (rows that were real
+    Statistics as :func:`ppo_rollout.train` (``valid_fraction``: the rows that were real
     transitions).
     """
     # Returns are per agent and episode; 240 of them (10 rounds of 24 rows) make the average.
@@ -69,51 +67,9 @@ def train(
     torch.manual_seed(seed)
     envs = MultiAgentVecEnv([SimpleSpread()] * num_envs, num_workers=num_workers)
     try:
-        return _train(envs, hp, total_steps, seed, progress)
+        return _train(envs, hp, total_steps, envs.num_envs, seed, progress)  # ppo_rollout's loop, a row per agent
     finally:
         envs.close()
-
-
-def _train(envs: MultiAgentVecEnv, hp: Hyperparams, total_steps: int, seed: int, progress: bool) -> dict[str, Any]:
-    rows = envs.num_envs
-    agent = Agent(int(np.prod(envs.single_observation_space.shape)), int(envs.single_action_space.n))
-    optimizer = torch.optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5)
-    T = hp.num_steps
-    iterations = total_steps // (T * rows)
-    running_return = np.zeros(rows)
-    real_rows = 0
-
-    envs.reset(seed=seed)
-    steps = 0
-    tracker = Tracker(hp, iterations * T * rows, progress)
-    for iteration in range(iterations):
-        if hp.anneal_lr:
-            optimizer.param_groups[0]["lr"] = hp.learning_rate * (1.0 - iteration / iterations)
-
-        # 1. Collect: T steps of every copy, a row per agent, written in place.
-        policy = TorchPolicy(agent)
-        batch = envs.rollout(policy, num_steps=T)
-        steps += T * rows
-        real = batch["valid"] & batch["active"]
-        real_rows += int(real.sum())
-        for t in range(T):  # each agent's episode return
-            running_return += np.where(real[t], batch["rewards"][t], 0.0)
-            ended = real[t] & (batch["terminations"][t] | batch["truncations"][t])
-            if ended.any():
-                tracker.ended(running_return[ended])
-                running_return[ended] = 0.0
-
-        # 2. Advantages over real rows only; a truncated episode bootstraps from its final obs.
-        values = batch["value"]
-        advantages, returns = shmvec.rollout_gae(
-            batch, policy.value(batch["next_obs"]), gamma=hp.gamma, lam=hp.gae_lambda
-        )
-
-        # 3. One policy for every agent, trained on every real row.
-        ppo_update(agent, optimizer, hp, batch["obs"][real], batch["actions"][real], batch["logprob"][real],
-                   advantages[real], returns[real], values[real])  # fmt: skip
-        tracker.update_done(steps)
-    return tracker.result(steps, real_fraction=real_rows / steps if steps else float("nan"))
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

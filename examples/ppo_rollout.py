@@ -91,6 +91,8 @@ def train(
 
 
 def _train(envs: Any, hp: Hyperparams, total_steps: int, n: int, seed: int, progress: bool) -> dict[str, Any]:
+    """The PPO loop over ``envs.rollout`` batches of ``n`` rows (envs, or agents of
+    ``examples/ppo_multiagent.py``)."""
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     agent = Agent(obs_dim, int(envs.single_action_space.n))
     optimizer = torch.optim.Adam(agent.parameters(), lr=hp.learning_rate, eps=1e-5)
@@ -111,11 +113,13 @@ def _train(envs: Any, hp: Hyperparams, total_steps: int, n: int, seed: int, prog
         policy = TorchPolicy(agent)
         batch = envs.rollout(policy, num_steps=T)
         steps += T * n
-        valid = batch["valid"]
+        # A real transition: not the reset step after an episode end (nor, with a row per agent,
+        # the row of an agent that has left its episode).
+        valid = batch["valid"] & batch["active"] if "active" in batch else batch["valid"]
         valid_rows += int(valid.sum())
         for t in range(T):  # episode returns, from the rewards and flags
-            running_return += batch["rewards"][t]
-            ended = batch["terminations"][t] | batch["truncations"][t]
+            running_return += np.where(valid[t], batch["rewards"][t], 0.0)
+            ended = valid[t] & (batch["terminations"][t] | batch["truncations"][t])
             if ended.any():
                 tracker.ended(running_return[ended])
                 running_return[ended] = 0.0

@@ -438,9 +438,7 @@ class ShmVecEnv(VectorEnv):
         >>> batch = envs.rollout(policy, num_steps=32)
         >>> batch["obs"].shape, batch["actions"].shape, batch["rewards"].shape, batch["value"].shape
         ((32, 4, 4), (32, 4), (32, 4), (32, 4))
-        >>> advantages, returns = shmvec.gae(batch["rewards"], batch["value"].astype(np.float32),
-        ...     batch["terminations"], batch["truncations"], policy(batch["next_obs"])[1]["value"],
-        ...     autoreset="next_step", valid=batch["valid"])
+        >>> advantages, returns = shmvec.rollout_gae(batch, last_values=policy(batch["next_obs"])[1]["value"])
         >>> envs.close()
 
         Parameters
@@ -460,7 +458,7 @@ class ShmVecEnv(VectorEnv):
             observation after the last step: ``last_values`` comes from it), each extra
             ``[T, N, ...]``, and ``infos``: one Gymnasium info dict per step. Under NEXT_STEP,
             ``valid`` ``[T, N]``: False on the reset step that follows an episode end (its action
-            was ignored), the mask ``shmvec.gae(..., autoreset="next_step", valid=...)`` takes; a
+            was ignored), the mask ``shmvec.rollout_gae(batch, ...)`` applies; a
             truncated episode's final observation is the next row's ``obs`` (or ``next_obs``).
             Under SAME_STEP, ``final_obs`` ``[T, N, ...]``: the final observation where step
             ``t`` ended an episode (undefined elsewhere).

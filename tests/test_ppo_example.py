@@ -156,4 +156,4 @@ def test_multiagent_ppo_beats_random_play():
     stats = ma.train(total_steps=100_000, num_envs=8, seed=0, num_workers=2, progress=False)
     assert stats["steps"] == 100_000 - 100_000 % (50 * 24) and stats["episodes"] > 240
     assert stats["avg_return"] > -25.0, stats["history"][-5:]
-    assert 0.9 < stats["real_fraction"] < 1.0  # the reset rows after each episode are not transitions
+    assert 0.9 < stats["valid_fraction"] < 1.0  # the reset rows after each episode are not transitions
