@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: test lint conformance bench bench-quick bench-docs bench-micro bench-ray bench-scaling bench-gpu bench-instructions venv clean
+.PHONY: test lint conformance bench bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-scaling bench-gpu bench-instructions venv clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,10 @@ bench-quick: $(BENCH_STAMP)
 
 bench-docs: $(BENCH_STAMP)
 	$(PY) -m shmvec bench --write-docs
+
+# MultiAgentVecEnv on MPE's simple_spread against SuperSuit, a plain loop and the split-serial ceiling.
+bench-multiagent: $(STAMP)
+	$(PY) benchmarks/multiagent.py --json results/multiagent.json
 
 # RayVecEnv.rollout against a local ShmVecEnv.rollout (its own local Ray cluster).
 bench-ray: $(STAMP)

@@ -10,6 +10,9 @@ Engines (all on MPE's ``simple_spread_v3``, N=3 agents, ``max_cycles=25``, rando
   num_cpus=0, base_class="gymnasium")``.
 - ``supersuit-mp``: the same with ``num_cpus`` = usable cores (its multiprocessing backend).
 - ``shmvec``: ``MultiAgentVecEnv`` with its defaults (every copy in a worker).
+- ``ceiling``: the split-serial ceiling: the copies split over as many processes as usable
+  cores, each stepping its share with the plain loop for the window, with no synchronisation at
+  all. No engine that steps every copy in lockstep can beat it.
 
 Each round times every engine for ``--seconds`` in turn (order rotated); the figure is agent
 steps per second, and the report gives the median over rounds of each engine's ratio to
@@ -72,7 +75,49 @@ class VectorRows:
         self.env.close()
 
 
+class Ceiling:
+    """The copies split over the usable cores, each share stepped serially in its own process."""
+
+    def __init__(self, copies: int) -> None:
+        from shmvec.blocks import split
+
+        self.shares = [len(b) for b in split(copies, min(usable_cores(), copies))]
+        self.rows = copies * AGENTS
+
+    def rate(self, actions: list[np.ndarray], seconds: float) -> float:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        start, results = ctx.Barrier(len(self.shares) + 1), ctx.Queue()
+        procs = [ctx.Process(target=_share, args=(n, actions, seconds, start, results)) for n in self.shares]
+        for p in procs:
+            p.start()
+        start.wait()
+        agent_steps = sum(results.get(timeout=60) for _ in procs)
+        for p in procs:
+            p.join()
+        return agent_steps / seconds
+
+    def close(self) -> None:
+        pass
+
+
+def _share(copies: int, actions: list[np.ndarray], seconds: float, start: Any, results: Any) -> None:
+    stepper = Serial(copies)
+    for a in actions[:20]:
+        stepper.step(a)
+    start.wait()
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        stepper.step(actions[steps % len(actions)])
+        steps += 1
+    results.put(steps * stepper.rows)
+    stepper.close()
+
+
 def build(engine: str, copies: int) -> Any:
+    if engine == "ceiling":
+        return Ceiling(copies)
     if engine == "serial":
         return Serial(copies)
     if engine.startswith("supersuit"):
@@ -92,6 +137,8 @@ def build(engine: str, copies: int) -> Any:
 
 def rate(stepper: Any, actions: list[np.ndarray], seconds: float) -> float:
     """Agent steps per second over ``seconds`` (after a short warm-up)."""
+    if isinstance(stepper, Ceiling):
+        return stepper.rate(actions, seconds)
     for a in actions[:20]:
         stepper.step(a)
     steps, t0 = 0, time.perf_counter()
@@ -106,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--copies", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=1.0)
-    parser.add_argument("--engines", default="serial,supersuit-serial,supersuit-mp,shmvec")
+    parser.add_argument("--engines", default="serial,supersuit-serial,supersuit-mp,shmvec,ceiling")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     engines = args.engines.split(",")
@@ -124,7 +171,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report: dict[str, Any] = {"copies": args.copies, "agents": AGENTS, "rounds": rounds, "median": {}, "ratios": {}}
     for e in engines:
         report["median"][e] = statistics.median(r[e] for r in rounds)
-        for peer in ("serial", "supersuit-mp"):
+        for peer in ("serial", "supersuit-mp", "ceiling"):
             if peer in engines and e != peer:
                 report["ratios"][f"{e} / {peer}"] = statistics.median(r[e] / r[peer] for r in rounds)
     print(f"simple_spread_v3, {args.copies} copies x {AGENTS} agents, {args.rounds} paired rounds of {args.seconds} s")

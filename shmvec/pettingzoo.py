@@ -109,29 +109,35 @@ class AgentRows(gym.Env):
         self.metadata = dict(getattr(self.env, "metadata", {}))
         self.render_mode = getattr(self.env, "render_mode", None)
         self._leaves = space_leaves(self.agent_observation_space)
-        self._act_leaves = space_leaves(self.agent_action_space)
+        self._flat_obs = len(self._leaves) == 1 and not self._leaves[0].path
+        act_leaves = space_leaves(self.agent_action_space)
+        self._flat_act = len(act_leaves) == 1 and not act_leaves[0].path
         self._terminated = np.zeros(n, dtype=np.bool_)
         self._truncated = np.zeros(n, dtype=np.bool_)
 
-    def _rows(self, obs: dict, rewards: dict | None) -> dict[str, Any]:
-        """The Dict observation of this step: each agent's row, filler for those gone."""
+    def _rows(self, obs: dict, rewards: dict | None, live: list[str]) -> dict[str, Any]:
+        """The Dict observation of this step: each agent's row, filler for those gone; ``live``:
+        the agents still in the episode.
+        """
         n = len(self.agents)
         leaves = [np.zeros((n, *leaf.shape), dtype=leaf.dtype) for leaf in self._leaves]
         reward = np.zeros(n, dtype=np.float64)
-        live = set(self.env.agents)
+        flat = self._flat_obs  # one array per agent: no tree to walk
         for j, agent in enumerate(self.agents):
             if agent in obs:
-                for rows, part in zip(leaves, flatten(self.agent_observation_space, obs[agent])):
-                    rows[j] = part
+                if flat:
+                    leaves[0][j] = obs[agent]
+                else:
+                    for rows, part in zip(leaves, flatten(self.agent_observation_space, obs[agent])):
+                        rows[j] = part
             if rewards is not None and agent in rewards:
                 reward[j] = rewards[agent]
-        active = np.array([agent in live for agent in self.agents], dtype=np.bool_)
         return {
-            "obs": assemble(self._rows_space, leaves),
+            "obs": leaves[0] if flat else assemble(self._rows_space, leaves),
             "reward": reward,
             "terminated": self._terminated.copy(),
             "truncated": self._truncated.copy(),
-            "active": active,
+            "active": np.array([agent in live for agent in self.agents], dtype=np.bool_),
         }
 
     def _info(self, infos: dict) -> dict[str, Any]:
@@ -142,23 +148,27 @@ class AgentRows(gym.Env):
         obs, infos = self.env.reset(seed=seed, options=options)
         self._terminated[:] = False
         self._truncated[:] = False
-        return self._rows(obs, None), self._info(infos or {})
+        return self._rows(obs, None, self.env.agents), self._info(infos or {})
 
     def step(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
-        live = set(self.env.agents)
-        parts = flatten(self.action_space, action)
-        actions = {}
-        for j, agent in enumerate(self.agents):
-            if agent in live:
-                leaves = [p[j] for p in parts]
-                actions[agent] = assemble(self.agent_action_space, leaves)
+        before = self.env.agents  # (each look at a wrapped env's agents walks its wrappers)
+        if self._flat_act:
+            actions = {agent: action[j] for j, agent in enumerate(self.agents) if agent in before}
+        else:
+            parts = flatten(self.action_space, action)
+            actions = {
+                agent: assemble(self.agent_action_space, [p[j] for p in parts])
+                for j, agent in enumerate(self.agents)
+                if agent in before
+            }
         obs, rewards, terminations, truncations, infos = self.env.step(actions)
         for j, agent in enumerate(self.agents):
-            if agent in live:
+            if agent in actions:
                 self._terminated[j] = bool(terminations.get(agent, False))
                 self._truncated[j] = bool(truncations.get(agent, False))
-        rows = self._rows(obs, rewards)
-        ended = not self.env.agents or bool((self._terminated | self._truncated).all())
+        live = self.env.agents
+        rows = self._rows(obs, rewards, live)
+        ended = not live or bool((self._terminated | self._truncated).all())
         terminated = ended and bool(self._terminated.any())
         return rows, float(rows["reward"].sum()), terminated, ended and not terminated, self._info(infos or {})
 
