@@ -318,3 +318,85 @@ def test_speed_table_in_the_docs_matches_its_results_file():
         cells = " | ".join(f"{ratio(engine, peer):.2f}x" for peer in ("serial", "supersuit-mp", "ceiling"))
         assert f"| {med[engine]:,.0f} | {cells} |" in line, line
     assert f"{results['copies']} copies" in doc and f"median of {len(results['rounds'])} paired rounds" in doc
+
+
+# -- through SB3 ------------------------------------------------------------------------------
+def test_sb3_vec_env_rows_requests_and_terminal_observations():
+    pytest.importorskip("stable_baselines3")
+    from shmvec.sb3 import PettingZooVecEnv
+
+    venv = PettingZooVecEnv([functools.partial(LeavingAgents, max_cycles=4)] * 2, num_workers=1)
+    try:
+        venv.seed(3)
+        obs = venv.reset()
+        assert obs.shape == (6, 3) and venv.num_envs == 6
+        assert venv.get_attr("max_cycles", indices=[0, 4]) == [4, 4]
+        venv.set_attr("max_cycles", 7, indices=[4])  # row 4: agent 1 of copy 1
+        assert venv.get_attr("max_cycles") == [4, 4, 4, 7, 7, 7]
+        assert venv.env_method("observation_space", "agent_0", indices=[5])[0].shape == (3,)
+        assert venv.env_is_wrapped(gym_wrapper()) == [False] * 6
+        ended = 0
+        for _ in range(12):
+            obs, rewards, dones, infos = venv.step(np.zeros(6, dtype=np.int64))
+            assert len(infos) == 6 and all("TimeLimit.truncated" in info for info in infos)
+            for k in np.flatnonzero(dones):
+                if "terminal_observation" in infos[k]:
+                    ended += 1
+                    assert infos[k]["terminal_observation"].shape == (3,)
+        assert ended > 0
+    finally:
+        venv.close()
+
+
+def gym_wrapper():
+    import gymnasium as gym
+
+    return gym.wrappers.RecordEpisodeStatistics
+
+
+def test_sb3_ppo_trains_on_agent_rows():
+    pytest.importorskip("stable_baselines3")
+    from stable_baselines3 import PPO
+
+    from shmvec.sb3 import PettingZooVecEnv
+
+    venv = PettingZooVecEnv([spread] * 2, num_workers=1)
+    try:
+        model = PPO("MlpPolicy", venv, n_steps=32, batch_size=48, n_epochs=1, seed=0, device="cpu")
+        model.learn(total_timesteps=400)
+        assert model.num_timesteps >= 400
+    finally:
+        venv.close()
+
+
+def test_matches_supersuit_where_the_semantics_agree():
+    """SuperSuit's serial concat_vec_envs_v1 resets a copy within the step that ends it, as
+    SAME_STEP does, and seeds copy i with seed + i: on an env whose agents end together, the rows
+    are the same, and its terminal_observation is our final_obs."""
+    ss = pytest.importorskip("supersuit")
+
+    def make():
+        return simple_spread_v3.parallel_env(N=3, max_cycles=4)
+
+    theirs = ss.concat_vec_envs_v1(ss.pettingzoo_env_to_vec_env_v1(make()), 3, num_cpus=0, base_class="gymnasium")
+    ours = MultiAgentVecEnv([make] * 3, num_workers=2, autoreset_mode="same_step")
+    rng = np.random.default_rng(1)
+    try:
+        got, want = ours.reset(seed=7), theirs.reset(seed=7)
+        assert np.array_equal(got[0], want[0])
+        ended = 0
+        for _ in range(14):
+            actions = rng.integers(0, 5, size=9)
+            obs, rew, term, trunc, infos = ours.step(actions)
+            w_obs, w_rew, w_term, w_trunc, w_infos = theirs.step(actions)
+            # SuperSuit keeps rewards as float32; ours are float64, as PettingZoo returned them.
+            assert np.array_equal(obs, w_obs) and np.array_equal(rew.astype(np.float32), w_rew)
+            assert np.array_equal(term, w_term) and np.array_equal(trunc, w_trunc)
+            for k, info in enumerate(w_infos):
+                if "terminal_observation" in info:
+                    ended += 1
+                    assert infos["_final_obs"][k] and np.array_equal(infos["final_obs"][k], info["terminal_observation"])
+        assert ended == 9 * 3  # every copy ended three times
+    finally:
+        ours.close()
+        theirs.close()
