@@ -79,15 +79,11 @@ class SubprocVecEnv(VecEnv):
         validate_actions: bool = False,
         **shmvec_kwargs: Any,
     ) -> None:
-        refuse_fixed("SubprocVecEnv", shmvec_kwargs, _FIXED)
+        refuse_fixed(type(self).__name__, shmvec_kwargs, _FIXED)
         self.waiting = False
         self.closed = False
         self._actions: Any = None
-        env_fns = list(env_fns)
-        # The envs are wrapped so that per-env requests (indices=...) run in the workers.
-        factories = [EnvSideFactory(fn, i) for i, fn in enumerate(env_fns)]
-        self.vector_env = ShmVecEnv(
-            factories,
+        options = dict(
             num_workers=num_workers,
             autoreset_mode=AutoresetMode.SAME_STEP,  # SB3's semantics: reset within the step
             copy=True,  # SB3 hands the arrays to user code and replay buffers: they must be owned
@@ -95,14 +91,18 @@ class SubprocVecEnv(VecEnv):
             validate_actions=validate_actions,
             **shmvec_kwargs,
         )
-        self._start(self.vector_env, self.vector_env, 1)
+        self.vector_env = self._build(list(env_fns), options)
+        venv = self.vector_env
+        super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
 
-    def _start(self, vector_env: Any, copies: ShmVecEnv, rows_per_copy: int) -> None:
-        """Become SB3's VecEnv over ``vector_env`` (its rows are SB3's envs), whose per-env
-        requests run in the envs of ``copies``, ``rows_per_copy`` rows each.
+    def _build(self, env_fns: list[Callable[[], Any]], options: dict[str, Any]) -> Any:
+        """The vector env whose rows are SB3's envs; sets where per-env requests run
+        (``_copies``, the ShmVecEnv whose envs answer them, ``_rows_per_copy`` rows each).
         """
-        self._copies, self._rows_per_copy = copies, rows_per_copy
-        super().__init__(vector_env.num_envs, vector_env.single_observation_space, vector_env.single_action_space)
+        # The envs are wrapped so that per-env requests (indices=...) run in the workers.
+        venv = ShmVecEnv([EnvSideFactory(fn, i) for i, fn in enumerate(env_fns)], **options)
+        self._copies, self._rows_per_copy = venv, 1
+        return venv
 
     # -- stepping ------------------------------------------------------------------------
     def reset(self) -> VecEnvObs:
@@ -244,30 +244,9 @@ class PettingZooVecEnv(SubprocVecEnv):
         As for :class:`SubprocVecEnv`.
     """
 
-    def __init__(
-        self,
-        env_fns: Sequence[Callable[[], Any]],
-        start_method: str | None = None,
-        *,
-        num_workers: int | None = None,
-        validate_actions: bool = False,
-        **shmvec_kwargs: Any,
-    ) -> None:
+    def _build(self, env_fns: list[Callable[[], Any]], options: dict[str, Any]) -> Any:
         from shmvec.pettingzoo import MultiAgentVecEnv
 
-        refuse_fixed("PettingZooVecEnv", shmvec_kwargs, _FIXED)
-        self.waiting = False
-        self.closed = False
-        self._actions: Any = None
-        self.vector_env = MultiAgentVecEnv(  # type: ignore[assignment]  # rows, not envs: the same API
-            env_fns,
-            copy_wrapper=EnvSideFactory,
-            num_workers=num_workers,
-            autoreset_mode=AutoresetMode.SAME_STEP,
-            copy=True,
-            context=start_method,
-            validate_actions=validate_actions,
-            **shmvec_kwargs,
-        )
-        venv = self.vector_env
-        self._start(venv, venv.vector_env, venv.agents_per_copy)  # type: ignore[attr-defined]
+        venv = MultiAgentVecEnv(env_fns, copy_wrapper=EnvSideFactory, **options)
+        self._copies, self._rows_per_copy = venv.vector_env, venv.agents_per_copy
+        return venv
