@@ -45,9 +45,9 @@ bench-quick: $(BENCH_STAMP)
 bench-docs: $(BENCH_STAMP)
 	$(PY) -m shmvec bench --write-docs
 
-# MultiAgentVecEnv on MPE's simple_spread against SuperSuit, a plain loop and the split-serial ceiling.
-bench-multiagent: $(STAMP)
-	$(PY) benchmarks/multiagent.py --json results/multiagent.json
+# The multi-agent workloads alone (MPE simple_spread, pistonball): MultiAgentVecEnv against SuperSuit, the serial loop and the ceiling.
+bench-multiagent: $(BENCH_STAMP)
+	$(PY) -m shmvec bench --workloads mpe-simple-spread,butterfly-pistonball
 
 # RayVecEnv.rollout against a local ShmVecEnv.rollout (its own local Ray cluster).
 bench-ray: $(STAMP)

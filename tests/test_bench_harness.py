@@ -713,3 +713,47 @@ def test_cli_help_names_the_presets_own_defaults():
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md").read_text()
     assert f"{full.timing.repeats} windows of {full.timing.seconds:g} s" in doc
+
+
+# -- multi-agent workloads ------------------------------------------------------------------------
+def test_multi_agent_engines_step_agent_rows_and_single_agent_ones_are_not_run():
+    pytest.importorskip("mpe2")
+    pytest.importorskip("supersuit")
+    workload = WORKLOADS["mpe-simple-spread"]
+    assert workload.multi_agent and workload.sizes == (16,)
+    probe = workload.make_parallel()
+    assert len(probe.possible_agents) == workload.agents  # the declared count is the env's
+    probe.close()
+    ran = ["shmvec", "shmvec-main", "supersuit-serial", "supersuit-mp", "split-serial", "serial"]
+    for key, engine in ENGINES.items():
+        reason = engine.unsupported(workload)
+        assert (reason is None) == (key in ran), (key, reason)
+        if key in ("supersuit-serial", "supersuit-mp"):
+            assert engine.unsupported(WORKLOADS["cartpole"]) == "a multi-agent engine"
+    two = RunSpec(workload, 2, 2, seed=0)
+    assert two.rows == 2 * workload.agents
+    joint = workload.make_env()
+    results = measure_group([ENGINES[k] for k in ran], two, TINY, joint.action_space)
+    for r in results:
+        assert r.ok, (r.engine, r.reason)
+        assert r.num_envs == 2 and r.steps_per_s > 0
+    joint.close()
+
+
+def test_joint_env_passes_each_live_agent_its_action_and_ends_with_the_episode():
+    pytest.importorskip("mpe2")
+    from shmvec.bench.workloads import JointEnv
+    from tests.ma_envs_for_tests import LeavingAgents
+
+    env = JointEnv(LeavingAgents(max_cycles=9))
+    assert env.action_space.shape[0] == len(env.possible_agents)
+    env.reset(seed=0)
+    seen = []
+    for _ in range(20):
+        live = list(env.env.agents)
+        _, _, done, _, _ = env.step(env.action_space.sample())
+        seen.append(len(live))
+        if done:
+            break
+    assert done and not env.env.agents and seen == sorted(seen, reverse=True) and seen[0] > seen[-1]
+    env.close()

@@ -35,6 +35,16 @@ class RunSpec:
     def env_fns(self) -> list[Callable[[], Any]]:
         return [self.workload.make_env] * self.num_envs
 
+    def parallel_fns(self) -> list[Callable[[], Any]]:
+        """The PettingZoo parallel env factories of a multi-agent workload, one per copy."""
+        assert self.workload.make_parallel is not None, f"{self.workload.key} is not multi-agent"
+        return [self.workload.make_parallel] * self.num_envs
+
+    @property
+    def rows(self) -> int:
+        """Env steps one vector step makes: ``num_envs``, times the agents of a multi-agent workload."""
+        return self.num_envs * self.workload.agents
+
 
 def make_actions(single_action_space: Any, num_envs: int, seed: int, count: int = 16) -> list[Any]:
     """``count`` batches of random valid actions, made before the clock starts."""
@@ -71,6 +81,15 @@ class VectorEnvStepper:
 
     def close(self) -> None:
         self.env.close()
+
+
+class _RowStepper(VectorEnvStepper):
+    """A vector env with one row per agent: the harness's actions come as ``[copies, agents, ...]``
+    (what the serial references take) and are flattened to rows, a view, before each step."""
+
+    def __init__(self, env: Any, workers: int, rows: int) -> None:
+        super().__init__(env, workers)
+        self.step = lambda actions, step=env.step: step(actions.reshape(rows, *actions.shape[2:]))
 
 
 class _ResetSeedStepper:
@@ -229,11 +248,15 @@ def _layout(spec: RunSpec, step_in_main: bool) -> tuple[int, dict[str, Any]]:
 
 def _build_shmvec(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
     def build(spec: RunSpec) -> Stepper:
+        blocks, layout = _layout(spec, step_in_main)
+        if spec.workload.multi_agent:
+            from shmvec.pettingzoo import MultiAgentVecEnv
+
+            rows = MultiAgentVecEnv(spec.parallel_fns(), spin_us=spec.spin_us, **layout)
+            return _RowStepper(rows, blocks, spec.rows)
         from shmvec.vector_env import ShmVecEnv
 
-        blocks, layout = _layout(spec, step_in_main)
-        env = ShmVecEnv(spec.env_fns(), spin_us=spec.spin_us, **layout)
-        return VectorEnvStepper(env, blocks)
+        return VectorEnvStepper(ShmVecEnv(spec.env_fns(), spin_us=spec.spin_us, **layout), blocks)
 
     return build
 
@@ -324,6 +347,23 @@ def _build_split_serial(spec: RunSpec) -> Stepper:
     return SplitSerial(spec.env_fns(), spec.num_workers)  # a Stepper itself: steps_per_call varies
 
 
+def _build_supersuit(multiprocessing: bool) -> Callable[[RunSpec], Stepper]:
+    def build(spec: RunSpec) -> Stepper:
+        import supersuit as ss
+
+        assert spec.workload.make_parallel is not None  # a multi-agent engine runs multi-agent workloads only
+        cpus = min(spec.num_workers, spec.num_envs) if multiprocessing else 0
+        env = ss.concat_vec_envs_v1(
+            ss.pettingzoo_env_to_vec_env_v1(spec.workload.make_parallel()),
+            spec.num_envs,
+            num_cpus=cpus,
+            base_class="gymnasium",
+        )
+        return _RowStepper(env, max(cpus, 1), spec.rows)
+
+    return build
+
+
 def _envpool_supports(workload: Workload) -> str | None:
     return None if workload.envpool_id else "EnvPool has no such env"
 
@@ -364,6 +404,9 @@ class Engine:
         The serial loop: the per-core reference every engine is divided by.
     supports : callable, optional
         ``supports(workload) -> reason or None``: why it cannot run a workload.
+    agents : {"single", "multi", "both"}
+        The workloads it steps: single-agent Gymnasium envs, multi-agent PettingZoo envs (a
+        row per agent), or both.
     """
 
     key: str
@@ -375,6 +418,7 @@ class Engine:
     install_hint: str = ""
     reference: bool = False
     supports: Callable[[Workload], str | None] | None = None
+    agents: str = "single"
 
     def unavailable(self) -> str | None:
         """Why this engine cannot run here (a missing optional package), or ``None``."""
@@ -394,6 +438,8 @@ class Engine:
 
     def unsupported(self, workload: Workload) -> str | None:
         """Why this engine cannot run ``workload``, or ``None``."""
+        if self.agents != "both" and workload.multi_agent != (self.agents == "multi"):
+            return "a single-agent engine" if self.agents == "single" else "a multi-agent engine"
         return None if self.supports is None else self.supports(workload)
 
 
@@ -414,6 +460,7 @@ ENGINES: dict[str, Engine] = {
             "ShmVecEnv(num_workers = usable cores): the defaults, every env in a worker",
             _build_shmvec(False),
             lambda s: min(s.num_workers, s.num_envs),
+            agents="both",
         ),
         Engine(
             "shmvec-main",
@@ -422,6 +469,7 @@ ENGINES: dict[str, Engine] = {
             "one block (opt-in speed mode, no isolation for that block)",
             _build_shmvec(True),
             lambda s: min(s.num_workers, s.num_envs) - 1,
+            agents="both",
         ),
         Engine(
             "shmvec-async",
@@ -463,6 +511,27 @@ ENGINES: dict[str, Engine] = {
             "talk while they step: the most any engine could get from these cores",
             _build_split_serial,
             lambda s: min(s.num_workers, s.num_envs),
+            agents="both",
+        ),
+        Engine(
+            "supersuit-serial",
+            "SuperSuit serial",
+            "supersuit concat_vec_envs_v1(pettingzoo_env_to_vec_env_v1(env), num_cpus=0)",
+            _build_supersuit(False),
+            _none,
+            requires="supersuit",
+            install_hint="pip install supersuit",
+            agents="multi",
+        ),
+        Engine(
+            "supersuit-mp",
+            "SuperSuit mp",
+            "supersuit concat_vec_envs_v1(..., num_cpus = usable cores): its multiprocessing backend",
+            _build_supersuit(True),
+            lambda s: min(s.num_workers, s.num_envs),
+            requires="supersuit",
+            install_hint="pip install supersuit",
+            agents="multi",
         ),
         Engine("gym-sync", "gym Sync", "gymnasium.vector.SyncVectorEnv", _build_gym_sync, _none),
         Engine(
@@ -512,6 +581,7 @@ ENGINES: dict[str, Engine] = {
             _build_serial,
             _none,
             reference=True,
+            agents="both",
         ),
     ]
 }

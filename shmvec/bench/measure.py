@@ -43,8 +43,9 @@ class RunResult:
     """The outcome of one (workload, num_envs, engine).
 
     ``status`` is ``"ok"``, ``"skipped"`` (with ``reason``) or ``"failed"`` (with ``reason``:
-    the exception). ``steps_per_s`` counts env steps (``num_envs`` per vector step): the
-    median over ``repeats``, each ``num_envs * vector steps / elapsed`` of one window.
+    the exception). ``steps_per_s`` counts env steps (``num_envs`` per vector step; agent steps
+    for a multi-agent workload): the median over ``repeats``, each ``rows * vector steps /
+    elapsed`` of one window.
     """
 
     workload: str
@@ -228,7 +229,7 @@ def measure_group(
                 if timed is not None:
                     steps, elapsed = timed
                     results[i].vector_steps += steps
-                    results[i].repeats.append(spec.num_envs * steps / elapsed)
+                    results[i].repeats.append(spec.rows * steps / elapsed)
         for i, stepper in enumerate(steppers):
             if stepper is not None:
                 results[i].steps_per_s = statistics.median(results[i].repeats)

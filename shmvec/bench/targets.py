@@ -111,6 +111,16 @@ TARGETS: list[Target] = [
     ),
     Target("MuJoCo Ant at 16 envs: >= 0.9x the ceiling (split serial)", "mujoco-ant", 16, CEILING, 0.9),
     Target("CartPole at 32 envs: >= 10x gym AsyncVectorEnv(shared_memory=True)", "cartpole", 32, "gym-async-shm", 10.0),
+    # Multi-agent: a row per agent (MultiAgentVecEnv) against SuperSuit's vectorization, the
+    # route of PettingZoo's own tutorials.
+    Target("MPE simple_spread at 16 copies: >= 0.9x the ceiling (split serial)", "mpe-simple-spread", 16, CEILING, 0.9),
+    Target(
+        "MPE simple_spread at 16 copies: >= 1.3x SuperSuit concat_vec_envs_v1 multiprocessing",
+        "mpe-simple-spread",
+        16,
+        "supersuit-mp",
+        1.3,
+    ),
 ]
 
 

@@ -1,5 +1,6 @@
-"""The workloads the benchmark steps: CartPole, synthetic envs from :mod:`shmvec.envs`, and real
-Atari (``ale-py``) and MuJoCo (``mujoco``) envs with the wrappers users train with."""
+"""The workloads the benchmark steps: CartPole, synthetic envs from :mod:`shmvec.envs`, real
+Atari (``ale-py``) and MuJoCo (``mujoco``) envs with the wrappers users train with, and
+multi-agent PettingZoo envs (MPE's simple_spread, Butterfly's pistonball)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import gymnasium as gym
 
-__all__ = ["AtariMake", "GymMake", "Workload", "WORKLOADS", "get_workloads"]
+__all__ = ["AtariMake", "GymMake", "JointEnv", "JointMake", "ParallelMake", "Workload", "WORKLOADS", "get_workloads"]
 
 
 class GymMake:
@@ -57,9 +58,70 @@ class AtariMake:
         return f"AtariMake({self.game!r})"
 
 
+class ParallelMake:
+    """A picklable ``<module>.parallel_env(**kwargs)`` call: a PettingZoo parallel env factory."""
+
+    def __init__(self, module: str, **kwargs: Any) -> None:
+        self.module, self.kwargs = module, kwargs
+
+    def __call__(self) -> Any:
+        return importlib.import_module(self.module).parallel_env(**self.kwargs)
+
+    def __repr__(self) -> str:
+        args = "".join(f", {k}={v!r}" for k, v in self.kwargs.items())
+        return f"ParallelMake({self.module!r}{args})"
+
+
+class JointEnv(gym.Env):
+    """One PettingZoo parallel env as one Gymnasium env, for the references that loop over envs.
+
+    The action holds every agent's, in ``possible_agents`` order (agents that left are not
+    passed on); the episode ends when no agent is left. Observations and rewards are dropped: a
+    reference needs the env's work, not its results.
+    """
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.possible_agents = list(env.possible_agents)
+        spaces = [env.action_space(a) for a in self.possible_agents]
+        if any(s != spaces[0] for s in spaces):
+            raise ValueError(f"JointEnv: the agents of {env} have different action spaces: {spaces}")
+        from gymnasium.vector.utils import batch_space
+
+        self.action_space = batch_space(spaces[0], len(spaces))
+        self.observation_space = gym.spaces.Discrete(1)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        self.env.reset(seed=seed, options=options)
+        return 0, {}
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        live = self.env.agents
+        self.env.step({a: action[j] for j, a in enumerate(self.possible_agents) if a in live})
+        return 0, 0.0, not self.env.agents, False, {}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class JointMake:
+    """A picklable factory of :class:`JointEnv` over ``make_parallel()``."""
+
+    def __init__(self, make_parallel: Callable[[], Any]) -> None:
+        self.make_parallel = make_parallel
+
+    def __call__(self) -> JointEnv:
+        return JointEnv(self.make_parallel())
+
+    def __repr__(self) -> str:
+        return f"JointMake({self.make_parallel!r})"
+
+
 _ATARI = ("ale_py", "cv2")  # AtariPreprocessing resizes with OpenCV
 _MUJOCO = ("mujoco", "imageio")  # gymnasium.envs.mujoco imports imageio for rendering
-_PACKAGES = {"ale_py": "ale-py", "cv2": "opencv-python-headless"}
+_MPE = ("mpe2",)
+_BUTTERFLY = ("pettingzoo.butterfly", "pymunk")
+_PACKAGES = {"ale_py": "ale-py", "cv2": "opencv-python-headless", "pettingzoo.butterfly": "pettingzoo"}
 REAL_SIZES = (16,)  # real envs cost 40-300 us a step: one size, the one their targets name
 
 
@@ -87,6 +149,12 @@ class Workload:
     sizes : tuple of int
         Fixed sizes to measure it at (the real envs: 16, the size their targets name); empty:
         the sweep's own sizes. A quick sweep leaves out fixed-size workloads it was not asked for.
+    make_parallel : callable, optional
+        For a multi-agent workload: the picklable PettingZoo parallel env factory the multi-agent
+        engines vectorize (one row per agent); ``make_env`` is then its :class:`JointMake`, which
+        the serial references loop over. ``num_envs`` counts env copies.
+    agents : int
+        Agents per copy (rows per env; 1 for single-agent workloads). Steps/s count agent steps.
     """
 
     key: str
@@ -97,6 +165,12 @@ class Workload:
     requires: tuple[str, ...] = ()
     default: bool = True
     sizes: tuple[int, ...] = ()
+    make_parallel: Callable[[], Any] | None = field(default=None, repr=False)
+    agents: int = 1
+
+    @property
+    def multi_agent(self) -> bool:
+        return self.make_parallel is not None
 
     def unavailable(self) -> str | None:
         """Why this workload cannot run here (its package is missing), or ``None``."""
@@ -175,8 +249,39 @@ def _workloads() -> dict[str, Workload]:
             requires=_MUJOCO,
             sizes=REAL_SIZES,
         ),
+        _multi_agent(
+            "mpe-simple-spread",
+            "MPE simple_spread (3 agents)",
+            "mpe2 simple_spread_v3, N=3 agents, max_cycles=25: cheap step, 18 floats per agent",
+            ParallelMake("mpe2.simple_spread_v3", N=3, max_cycles=25),
+            agents=3,
+            requires=_MPE,
+        ),
+        _multi_agent(
+            "butterfly-pistonball",
+            "Butterfly pistonball (20 agents)",
+            "pettingzoo pistonball_v6: 20 agents, physics and rendering, 457x120x3 uint8 per agent",
+            ParallelMake("pettingzoo.butterfly.pistonball_v6"),
+            agents=20,
+            requires=_BUTTERFLY,
+        ),
     ]
     return {w.key: w for w in items}
+
+
+def _multi_agent(
+    key: str, label: str, description: str, make_parallel: ParallelMake, agents: int, requires: tuple[str, ...]
+) -> Workload:
+    return Workload(
+        key,
+        label,
+        description,
+        JointMake(make_parallel),
+        requires=requires,
+        sizes=REAL_SIZES,
+        make_parallel=make_parallel,
+        agents=agents,
+    )
 
 
 WORKLOADS: dict[str, Workload] = _workloads()
