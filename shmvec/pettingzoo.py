@@ -31,6 +31,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from shmvec.batched import BatchedSpace
 from shmvec.checks import env_factories
 from shmvec.infos import add_info
 from shmvec.storage import RESERVED, split_policy_output
@@ -236,6 +237,9 @@ class MultiAgentVecEnv(VectorEnv):
         The vector env of copies underneath (one env per copy).
     """
 
+    observation_space = BatchedSpace("single_observation_space")
+    action_space = BatchedSpace("single_action_space")
+
     def __init__(
         self,
         env_fns: Sequence[Callable[[], Any]],
@@ -262,8 +266,6 @@ class MultiAgentVecEnv(VectorEnv):
         self.num_envs = self.num_copies * self.agents_per_copy
         self.single_observation_space = agent_obs
         self.single_action_space = agent_act
-        self.observation_space = batch_space(agent_obs, self.num_envs)
-        self.action_space = batch_space(agent_act, self.num_envs)
         self.autoreset_mode = venv.autoreset_mode
         self.metadata = dict(venv.metadata)
         self.render_mode = venv.render_mode

@@ -32,7 +32,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
+
+from shmvec.batched import BatchedSpace
 
 try:
     import ray
@@ -169,6 +170,9 @@ class RayVecEnv(VectorEnv):
         From any call, when an actor (or its node) died; the vector env is closed.
     """
 
+    observation_space = BatchedSpace("single_observation_space")
+    action_space = BatchedSpace("single_action_space")
+
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env]],
@@ -223,8 +227,6 @@ class RayVecEnv(VectorEnv):
                 raise ValueError(f"{why} (Ray actor {k})")
         self.single_observation_space = first["single_observation_space"]
         self.single_action_space = first["single_action_space"]
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = dict(first["metadata"])
         self.render_mode = first["render_mode"]
         self._actions = ActionBatch(self.single_action_space, validate_actions)

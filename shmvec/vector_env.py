@@ -9,9 +9,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.vector.utils import batch_space
 
 from shmvec.actions import ActionBatch
+from shmvec.batched import BatchedSpace
 from shmvec.batches import Batch, Batches
 from shmvec.blocks import reset_payloads, set_attr_payloads
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
@@ -120,6 +120,9 @@ class ShmVecEnv(VectorEnv):
         wake-up), else 0. Given, it applies to both sides.
     """
 
+    observation_space = BatchedSpace("single_observation_space")
+    action_space = BatchedSpace("single_action_space")
+
     def __init__(
         self,
         env_fns: Sequence[Callable[[], gym.Env]],
@@ -158,8 +161,6 @@ class ShmVecEnv(VectorEnv):
         self.context = pool.context
         self.single_observation_space = pool.spaces.observation_space
         self.single_action_space = pool.spaces.action_space
-        self.observation_space = batch_space(self.single_observation_space, self.num_envs)
-        self.action_space = batch_space(self.single_action_space, self.num_envs)
         self.metadata = dict(pool.spaces.metadata)
         self.metadata["autoreset_mode"] = self.autoreset_mode
         self.render_mode = pool.spaces.render_mode

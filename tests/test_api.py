@@ -32,6 +32,20 @@ def test_is_a_gymnasium_vector_env(cartpole_envs):
     assert envs.metadata["autoreset_mode"] is AutoresetMode.NEXT_STEP
 
 
+def test_batched_spaces_are_built_on_first_read_and_assignable(cartpole_envs):
+    from gymnasium.vector.utils import batch_space
+
+    envs = cartpole_envs
+    # Gymnasium's batched Box holds four arrays the size of a batch: built only when read.
+    assert "_batched_observation_space" not in vars(envs)
+    assert envs.observation_space == batch_space(envs.single_observation_space, 6)
+    assert envs.observation_space is envs.observation_space
+    assert envs.action_space == batch_space(envs.single_action_space, 6)
+    mine = gym.spaces.Box(-1, 1, (6, 4))
+    envs.observation_space = mine  # as a wrapper-free user may set it
+    assert envs.observation_space is mine
+
+
 def test_copy_true_returns_owned_arrays(cartpole_envs):
     obs, _ = cartpole_envs.reset(seed=0)
     obs2, rew, term, trunc, _ = cartpole_envs.step(np.zeros(6, dtype=np.int64))

@@ -757,3 +757,44 @@ def test_joint_env_passes_each_live_agent_its_action_and_ends_with_the_episode()
             break
     assert done and not env.env.agents and seen == sorted(seen, reverse=True) and seen[0] > seen[-1]
     env.close()
+
+
+# -- figures quoted in prose ----------------------------------------------------------------------
+def test_figures_compute_ratios_ranges_rates_and_tables():
+    from shmvec.bench.figures import FigureError, compute
+
+    sweep = fabricated()
+    assert compute("ratio atari-like:128 shmvec/gym-sync", sweep) == "3.00x"
+    assert compute("ratio atari-like:128 shmvec/gym-async-shm", sweep) == "10.0x"
+    # a range over cells; '*' takes the sizes where the ratio was measured (heavy-tail 32 has no serial)
+    assert compute("ratio heavy-tail:8,32 shmvec/gym-sync", sweep) == "0.86-2.50x"
+    assert compute("ratio heavy-tail:* shmvec/serial", sweep) == "1.25x"
+    assert compute("rate atari-like:128 shmvec", sweep) == "300k" and compute("rate cost-100us:32 shmvec", sweep) == "15.0k"
+    header = "\n| workload, envs | mine | ratio |\n|---|---:|---:|\n| stale | row | here |\n\n"
+    table = compute("rows atari-like:128 cost-100us:32 | shmvec gym-sync/serial", sweep, header)
+    assert table == ("\n| workload, envs | mine | ratio |\n|---|---:|---:|\n"
+                     "| Atari-like 84x84x4, 128 | 300k | 0.17x |\n| cost-100us, 32 | 15.0k | - |\n\n")
+    engines = compute("engines atari-like:128 shmvec,serial | serial", sweep, "| e | r | x |\n|---|---|---|")
+    assert engines.splitlines()[3:5] == ["| shmvec | 300,000 | 0.50x |", "| serial loop | 600,000 | 1.00x |"]
+    for bad, current in [("ratio cost-100us:32 shmvec/gym-sync", ""),  # gym-sync failed there
+                         ("ratio nothing:* shmvec/serial", ""), ("ratio atari-like:x shmvec/serial", ""),
+                         ("speed atari-like:128 shmvec", ""), ("rows atari-like:128 | shmvec", "no header")]:
+        with pytest.raises(FigureError):
+            compute(bad, sweep, current)
+
+
+def test_write_docs_recomputes_marked_figures_and_keeps_the_sweep(tmp_path):
+    from shmvec.bench.figures import DOCS_SWEEP, rewrite, stale
+
+    sweep = fabricated()
+    (tmp_path / "docs").mkdir()
+    readme = tmp_path / "README.md"
+    readme.write_text("shmvec is <!-- figure: ratio atari-like:128 shmvec/gym-sync -->9.99x<!-- /figure --> Sync.\n")
+    page = tmp_path / "docs" / "other.md"
+    page.write_text("no figures\n")
+    assert [(s.found, s.expected) for s in stale(readme.read_text(), sweep)] == [("9.99x", "3.00x")]
+    update_docs(sweep, tmp_path / "docs" / "benchmarks.md")
+    assert readme.read_text() == "shmvec is <!-- figure: ratio atari-like:128 shmvec/gym-sync -->3.00x<!-- /figure --> Sync.\n"
+    assert not stale(readme.read_text(), sweep) and page.read_text() == "no figures\n"
+    assert load_json(tmp_path / DOCS_SWEEP).to_dict() == json.loads(json.dumps(sweep.to_dict()))
+    assert rewrite(readme.read_text(), sweep) == readme.read_text()

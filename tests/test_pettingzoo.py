@@ -298,28 +298,6 @@ def test_rollout_equals_the_step_loop(mode):
                     assert np.array_equal(batch["final_obs"][t, k], infos["final_obs"][k])
 
 
-def test_speed_table_in_the_docs_matches_its_results_file():
-    import json
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    results = json.loads((root / "benchmarks/results-2core/multiagent.json").read_text())
-    doc = (root / "docs/multiagent.md").read_text()
-    med, ratios = results["median"], results["ratios"]
-
-    def ratio(engine, peer):
-        return 1.0 if engine == peer else ratios[f"{engine} / {peer}"]
-
-    labels = {"serial loop over the copies": "serial", "`num_cpus=0`": "supersuit-serial",
-              "`num_cpus=2`": "supersuit-mp", "`MultiAgentVecEnv`, defaults": "shmvec",
-              "split-serial ceiling": "ceiling"}
-    for label, engine in labels.items():
-        line = next(line for line in doc.splitlines() if label in line and line.startswith("|"))
-        cells = " | ".join(f"{ratio(engine, peer):.2f}x" for peer in ("serial", "supersuit-mp", "ceiling"))
-        assert f"| {med[engine]:,.0f} | {cells} |" in line, line
-    assert f"{results['copies']} copies" in doc and f"median of {len(results['rounds'])} paired rounds" in doc
-
-
 # -- through SB3 ------------------------------------------------------------------------------
 def test_sb3_vec_env_rows_requests_and_terminal_observations():
     pytest.importorskip("stable_baselines3")

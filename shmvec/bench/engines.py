@@ -328,6 +328,7 @@ def _build_sb3(spec: RunSpec) -> Stepper:
 def _build_envpool(spec: RunSpec) -> Stepper:
     import envpool
 
+    assert spec.workload.envpool_id is not None  # EnvPool runs only the workloads it has (_envpool_supports)
     threads = min(spec.num_workers, spec.num_envs)
     env = envpool.make(
         spec.workload.envpool_id, env_type="gymnasium", num_envs=spec.num_envs, num_threads=threads, seed=spec.seed

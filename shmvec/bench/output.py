@@ -12,7 +12,7 @@ from shmvec.bench.plots import plots_unavailable, write_plots
 from shmvec.bench.report import render_markdown, write_json
 from shmvec.bench.sweep import SweepResult
 
-__all__ = ["BEGIN", "END", "ResultFiles", "update_docs", "write_results"]
+__all__ = ["BEGIN", "END", "ResultFiles", "docs_block", "update_docs", "write_results"]
 
 BEGIN = "<!-- latest-results:begin (written by `shmvec bench --write-docs`; edits here are overwritten) -->"
 END = "<!-- latest-results:end -->"
@@ -105,7 +105,31 @@ def update_docs(
     _, tail = rest.split(END, 1)
     docs_path.parent.mkdir(parents=True, exist_ok=True)
     docs_path.write_text(head + BEGIN + "\n\n" + body + "\n" + END + tail)
+    _update_figures(sweep, docs_path)
     return docs_path
+
+
+def docs_block(text: str) -> str:
+    """The text between :data:`BEGIN` and :data:`END` (what :func:`update_docs` writes)."""
+    return text.split(BEGIN, 1)[1].split(END, 1)[0]
+
+
+def _update_figures(sweep: SweepResult, docs_path: Path) -> None:
+    """Keep the sweep the pages quote in the repository, and recompute their marked figures.
+
+    The repository root is the folder above ``docs/`` (or the page's own folder).
+    """
+    from shmvec.bench.figures import DOCS_SWEEP, pages, rewrite
+
+    root = docs_path.parent.parent if docs_path.parent.name == "docs" else docs_path.parent
+    target = root / DOCS_SWEEP
+    target.parent.mkdir(parents=True, exist_ok=True)
+    write_json(sweep, target)
+    for page in pages(root):
+        text = page.read_text()
+        new = rewrite(text, sweep)
+        if new != text:
+            page.write_text(new)
 
 
 def relpath(path: Path) -> str:

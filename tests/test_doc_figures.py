@@ -1,0 +1,37 @@
+"""Every figure README.md and docs/ quote from a sweep comes from the sweep kept in the repo.
+
+``shmvec bench --write-docs`` writes the "Latest results" block of docs/benchmarks.md, recomputes
+every marked figure (:mod:`shmvec.bench.figures`) and keeps the sweep as
+``benchmarks/docs-sweep.json``; these tests fail when a page and that file disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from shmvec.bench.figures import DOCS_SWEEP, FIGURE, pages, stale
+from shmvec.bench.output import docs_block
+from shmvec.bench.report import load_json, render_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+FIX = f"rerun `shmvec bench --write-docs`, or `shmvec bench --from-json {DOCS_SWEEP} --write-docs` after an edit"
+
+
+def test_marked_figures_match_the_sweep_the_docs_quote():
+    sweep = load_json(ROOT / DOCS_SWEEP)
+    found = {page.relative_to(ROOT).as_posix(): stale(page.read_text(), sweep) for page in pages(ROOT)}
+    wrong = [f"{name}: {s.query!r} says {s.found!r}, the sweep {s.expected!r}" for name, ss in found.items() for s in ss]
+    assert not wrong, "\n".join(wrong) + "\n" + FIX
+    counts = {name: len(FIGURE.findall((ROOT / name).read_text())) for name in found}
+    # The pages that quote the sweep in prose keep doing it through markers.
+    for name in ("README.md", "docs/benchmarks.md", "docs/reliability.md", "docs/async.md", "docs/multiagent.md"):
+        assert counts[name] > 0, name
+
+
+def test_latest_results_block_is_the_report_of_that_sweep():
+    sweep = load_json(ROOT / DOCS_SWEEP)
+    block = docs_block((ROOT / "docs/benchmarks.md").read_text())
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", block)
+    assert all((ROOT / "docs" / link).exists() for link in links), links
+    assert block == "\n\n" + render_markdown(sweep, plots=links, heading_level=3) + "\n", FIX
