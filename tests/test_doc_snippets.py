@@ -62,6 +62,8 @@ SHRINK = [
     (r"learn\(100_000\)", "learn(256)"),
     (r"total_timesteps=100_000", "total_timesteps=256"),
     (r"range\(1000\)", "range(20)"),
+    # SB3's PPO collects n_steps (2048) per env before its first update, whatever total_timesteps says.
+    (r'PPO\("MlpPolicy", (\w+)\)', r'PPO("MlpPolicy", \1, n_steps=16, batch_size=16, n_epochs=1)'),
 ]
 
 DRIVER = '''
