@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from shmvec.info_columns import ColumnReader
 from shmvec.stepper import Targets
 from shmvec.tree import Leaf, assemble
 
@@ -120,6 +121,8 @@ class InfoMerger:
             _object_item if leaf.pickled else _int_item if isinstance(leaf.space, spaces.Discrete) else _array_item
             for leaf in leaves
         ]
+        # The scalar infos in shared memory (shmvec.info_columns), once the vector env set them up.
+        self.columns: ColumnReader | None = None
 
     def merge(
         self,
@@ -128,6 +131,7 @@ class InfoMerger:
         out: Targets,
         restarted: Sequence[int],
         ids: range | np.ndarray | None = None,
+        with_columns: bool = True,
     ) -> dict[str, Any]:
         """The infos of one step.
 
@@ -145,9 +149,21 @@ class InfoMerger:
         ids : range or ndarray, optional
             The envs of the batch (all envs when ``None``); info arrays are indexed by
             position in the batch.
+        with_columns : bool
+            Whether the round wrote the scalar info columns (a step did, a reset did not).
         """
         reports = {env: (final_info, info) for block in replies if block for env, final_info, info in block}
-        if not (reports or same_step or restarted):
+        reader = self.columns if with_columns else None
+        written: list[int] = []  # the column keys some env of the batch wrote
+        if reader is not None:
+            seen = reader.seen(ids, restarted)
+            written = np.flatnonzero(seen.any(axis=1)).tolist()
+            if written and reports:
+                replied = {key for _, info in reports.values() if info for key in info}
+                for k in [k for k in written if reader.keys[k] in replied]:
+                    reader.fold(k, seen, ids, reports)  # merged whole by the reply path below
+                    written.remove(k)
+        if not (reports or same_step or restarted or written):
             return {}  # the usual step: nothing to say
         terms, truncs = out.terminations, out.truncations
         if ids is None:
@@ -170,6 +186,9 @@ class InfoMerger:
                 add_info(infos, info, k, size, columns)
             if i in restarted:
                 add_info(infos, {"restarted": True}, k, size)
+        if reader is not None:
+            for k in written:
+                reader.read(infos, k, seen, ids)
         return infos
 
 

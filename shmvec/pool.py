@@ -27,6 +27,7 @@ from shmvec import protocol as P
 from shmvec.blocks import split
 from shmvec.checks import usable_cores
 from shmvec.errors import ClosedError, PayloadError, StepTimeout, WorkerDied, WorkerError
+from shmvec.info_columns import InfoLayout, InfoSchema
 from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.processes import WorkerProcesses, raise_construct_failure
 from shmvec.protocol import DONE, Command, Status
@@ -183,6 +184,7 @@ class WorkerPool:
         self.main: MainBlock | None = None  # the block stepped by this process
         self._segment: Segment | None = None
         self.rollout: Segment | None = None  # the rollout segment, once attach_rollout made one
+        self.info: Segment | None = None  # the scalar infos' segment, once attach_infos made one
         # Pickled leaves (variable-size spaces): the action regions a STEP sends each worker in
         # its payload, and whether STEP and RESET replies carry observation regions.
         self._pickled_act: list[str] = []
@@ -292,6 +294,8 @@ class WorkerPool:
         )
         if self.rollout is not None:
             stepper.attach_rollout((self.rollout.layout, self.rollout.mapping))
+        if self.info is not None:
+            stepper.attach_infos((self.info.layout, self.info.mapping))
         return stepper
 
     def _attach(self, block: int) -> None:
@@ -334,6 +338,9 @@ class WorkerPool:
         if self.rollout is not None:
             _, failures = self._attach_rollout([block])
             self.raise_first(failures)
+        if self.info is not None:
+            _, failures = self._attach_segment(Command.INFO_ATTACH, self.info, [block])
+            self.raise_first(failures)
 
     def attach_rollout(self, num_steps: int) -> Segment:
         """Create the rollout segment for ``num_steps`` steps and hand it to every block.
@@ -351,12 +358,28 @@ class WorkerPool:
         return self.rollout
 
     def _attach_rollout(self, block_ids: list[int]) -> tuple[list, Failures]:
-        rollout = self.rollout
-        assert rollout is not None
-        payloads: list[Any] = [rollout.layout] * len(self.blocks)
+        assert self.rollout is not None
+        return self._attach_segment(Command.ROLLOUT_ATTACH, self.rollout, block_ids)
+
+    def attach_infos(self, schema: InfoSchema) -> Segment:
+        """Create the segment of the scalar infos of ``schema`` and hand it to every block; raise
+        like :meth:`attach_rollout`.
+        """
+        self.info = Segment(InfoLayout.build(schema, self.num_envs))
+        _, failures = self._attach_segment(Command.INFO_ATTACH, self.info, list(range(len(self.blocks))))
+        if failures:
+            self.state = PoolState.BROKEN
+            self.raise_first(failures)
+        return self.info
+
+    def _attach_segment(self, command: Command, segment: Segment, block_ids: list[int]) -> tuple[list, Failures]:
+        """Hand ``segment`` to ``block_ids``: its layout and descriptor to a worker, the layout
+        and this process's mapping to the main block.
+        """
+        payloads: list[Any] = [segment.layout] * len(self.blocks)
         if self.main is not None:
-            payloads[-1] = (rollout.layout, rollout.mapping)
-        return self.run(Command.ROLLOUT_ATTACH, payloads, block_ids=block_ids, fd=rollout.fd)
+            payloads[-1] = (segment.layout, segment.mapping)
+        return self.run(command, payloads, block_ids=block_ids, fd=segment.fd)
 
     # -- command rounds ----------------------------------------------------------------------
     # A round is submit (signal the blocks), then wait (for all, or for some in async mode),
@@ -700,10 +723,10 @@ class WorkerPool:
         finally:
             self.state = PoolState.CLOSED
         self.workers.join(timeout if not broken else 0.2)
-        for seg in (self._segment, self.rollout):
+        for seg in (self._segment, self.rollout, self.info):
             if seg is not None:
                 seg.close()
-        self.rollout = None
+        self.rollout = self.info = None
         # Our mapping is freed when the last view of it is gone (views handed out with
         # copy=False may outlive the env; they stay valid, the name is already unlinked).
         self.main = None

@@ -78,6 +78,7 @@ class Command(IntEnum):
     CLOSE = 5, "close"
     ROLLOUT_ATTACH = 6, "rollout attach"  # payload: a RolloutLayout, then the rollout segment's fd
     ROLLOUT_STEP = 7, "rollout step"  # STEP reading and writing row ARG of the rollout segment
+    INFO_ATTACH = 8, "info attach"  # payload: an InfoLayout, then the info segment's fd
 
 
 class Status(IntEnum):

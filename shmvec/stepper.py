@@ -32,10 +32,11 @@ from shmvec.protocol import (
 if TYPE_CHECKING:
     from gymnasium.vector import AutoresetMode
 
+    from shmvec.info_columns import ColumnWriter, InfoLayout
     from shmvec.layout import Layout, Regions
 
 # Plain ints for the per-step paths: comparing with one costs less than with an enum member.
-_STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP = (
+_STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP, _INFO_ATTACH = (
     int(Command.STEP),
     int(Command.RESET),
     int(Command.CALL),
@@ -43,6 +44,7 @@ _STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP = (
     int(Command.CLOSE),
     int(Command.ROLLOUT_ATTACH),
     int(Command.ROLLOUT_STEP),
+    int(Command.INFO_ATTACH),
 )
 
 
@@ -96,6 +98,7 @@ class Stepper:
         self.action_space = action_space
         self.home = self._targets(layout, views, None)  # the regions step and reset use
         self.rows: list[Targets] = []  # one per row of the rollout segment, once attached
+        self.info_columns: ColumnWriter | None = None  # where scalar infos go, once attached
         self.obs_leaves = layout.obs_leaves
         leaf0 = self.obs_leaves[0]
         self.flat_obs = len(self.obs_leaves) == 1 and not leaf0.path and not leaf0.pickled
@@ -156,6 +159,13 @@ class Stepper:
         layout, buf = payload
         views = layout.views(buf)
         self.rows = [self._targets(layout, views, t) for t in range(layout.num_steps)]
+
+    def attach_infos(self, payload: tuple[InfoLayout, Any]) -> None:
+        """Write the scalar infos of the schema into the info segment ``(layout, buffer)`` from now on."""
+        from shmvec.info_columns import ColumnWriter
+
+        layout, buf = payload
+        self.info_columns = ColumnWriter(layout, buf, slice(self.start, self.stop))
 
     # -- writing results -------------------------------------------------------------------
     def _write_obs(self, targets: list, j: int, obs: Any) -> None:
@@ -278,6 +288,9 @@ class Stepper:
         ended = None
         resets = None
         reports: Reports | None = None
+        columns = self.info_columns
+        if columns is not None:
+            columns.clear()
         j = 0
         try:
             for j in range(n):
@@ -311,10 +324,12 @@ class Stepper:
                     obs0[j] = o
                 else:
                     self._write_obs(out.obs, j, o)
+                if info and columns is not None and final_info is None:
+                    info = columns.write(j, info)  # what is left to pickle
                 if info or final_info is not None:
                     if reports is None:
                         reports = []
-                    reports.append((self.start + j, final_info, info))
+                    reports.append((self.start + j, final_info, info or {}))
             if gather and not self._write_gathered(obs0, gathered):
                 for j in range(n):  # one by one, so that the error names the env
                     self._write_obs(out.obs, j, gathered[j])
@@ -448,6 +463,8 @@ class Stepper:
             return self.close()
         if cmd == _ROLLOUT_ATTACH:
             return self.attach_rollout(payload)
+        if cmd == _INFO_ATTACH:
+            return self.attach_infos(payload)
         raise ValueError(f"unknown command {cmd}")
 
 

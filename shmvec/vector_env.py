@@ -16,6 +16,7 @@ from shmvec.batches import Batch, Batches
 from shmvec.blocks import reset_payloads, set_attr_payloads
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
 from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerError
+from shmvec.info_columns import ColumnReader, InfoSchema
 from shmvec.infos import InfoMerger
 from shmvec.lifecycle import Lifecycle, refuse
 from shmvec.pool import BlockState, Failures, PoolState, WorkerPool
@@ -173,6 +174,7 @@ class ShmVecEnv(VectorEnv):
         self._autoreset = views["autoreset"]
         self._current_obs = self._home.obs  # the leaves holding every env's latest observation
         self._storage: RolloutStorage | None = None
+        self._learn_infos = True  # until the first step with infos picked the info columns
         self._stats = {name: views[name] for name in ("last_return", "last_length", "episode_count")}
         self._state = Lifecycle.NEEDS_RESET
         self._block_states = pool.states  # read on the step path (see _guard)
@@ -270,7 +272,8 @@ class ShmVecEnv(VectorEnv):
         self._current_obs = self._home.obs
         if self.check_finite:
             self._results.check_finite(rewards=False)
-        return self._results.observations(self.copy), self._infos.merge(replies, False, self._home, _NO_ENVS)
+        infos = self._infos.merge(replies, False, self._home, _NO_ENVS, with_columns=False)
+        return self._results.observations(self.copy), infos
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with its row of ``actions``; see Gymnasium's ``VectorEnv.step``."""
@@ -292,9 +295,22 @@ class ShmVecEnv(VectorEnv):
         replies, restarted = self._round(Command.STEP)
         same_step = self.autoreset_mode is AutoresetMode.SAME_STEP
         infos = self._infos.merge(replies, same_step, self._home, restarted)
+        if infos and self._learn_infos:
+            self._columns_for(infos)
         if self.check_finite:
             self._results.check_finite(rewards=True)
         return (*self._results.step(self.copy), infos)
+
+    def _columns_for(self, infos: dict[str, Any]) -> None:
+        """Once, after the first step that reports infos: give its scalar keys shared columns
+        (:mod:`shmvec.info_columns`), so that the workers stop pickling them.
+        """
+        self._learn_infos = False
+        schema = InfoSchema.discover(infos)
+        if schema is not None:
+            with self._closing:  # a block that cannot map the segment leaves the pool broken
+                segment = self._pool.attach_infos(schema)
+            self._infos.columns = ColumnReader(segment.layout, segment.views)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read the attribute if not callable)."""
@@ -644,7 +660,9 @@ class _RolloutRounds:
     def step_row(self, t: int) -> tuple[dict[str, Any], Sequence[int]]:
         env, out = self._env, self._rows[t]
         replies, restarted = env._round(Command.ROLLOUT_STEP, arg=t, out=out)
-        infos = env._infos.merge(replies, self._same_step, out, restarted) if restarted or any(replies) else {}
+        infos = env._infos.merge(replies, self._same_step, out, restarted)
+        if infos and env._learn_infos:
+            env._columns_for(infos)
         if env.check_finite:
             env._results.check_finite(rewards=True, out=out)
         return infos, restarted

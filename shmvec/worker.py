@@ -34,12 +34,13 @@ from shmvec.protocol import (
 )
 from shmvec.stepper import Stepper, build_envs
 
-_STEP, _RESET, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP = (
+_STEP, _RESET, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP, _INFO_ATTACH = (
     int(Command.STEP),
     int(Command.RESET),
     int(Command.CLOSE),
     int(Command.ROLLOUT_ATTACH),
     int(Command.ROLLOUT_STEP),
+    int(Command.INFO_ATTACH),
 )
 _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
 
@@ -195,8 +196,8 @@ def _serve(
         arg = int(mine[ARG])
         payload = conn.recv() if mine[PAYLOAD] else None
         try:
-            if cmd == _ROLLOUT_ATTACH:  # the segment's descriptor follows the payload
-                assert payload is not None  # the RolloutLayout
+            if cmd == _ROLLOUT_ATTACH or cmd == _INFO_ATTACH:  # the segment's descriptor follows the payload
+                assert payload is not None  # the RolloutLayout or InfoLayout
                 payload = (payload, map_fd(recv_handle(conn), payload.size))
             reply = envs.run(cmd, payload, arg)
             if reply is not None and (cmd == _STEP or cmd == _ROLLOUT_STEP or cmd == _RESET):
