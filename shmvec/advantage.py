@@ -195,8 +195,8 @@ def _overlap(rew, val, term, trunc, last, fin, vld, adv, ret, ret_only):
     return 0
 
 
-# Rows shorter than this never take LLVM's vector loop (measured: 16 float32 per iteration
-# at AVX2 width with an unroll of 2), so they use the plain row index (see _block).
+# Rows shorter than this never take LLVM's vector loop (16 float32 per iteration at AVX2
+# width with an unroll of 2), so they use the plain row index (see _block).
 _VECTOR_MIN_N = 16
 
 # Bits of the ``mode`` argument of the kernels.
@@ -208,7 +208,7 @@ def _kernel(rew, val, term, trunc, last, fin, vld, adv, ret, gamma, lam, mode):
     """The serial kernel: options as ``mode`` bits; returns 0, or an _overlap code.
 
     The common call (no option but _CHECK_OUT) runs a copy of the loop with constant flags:
-    leaner, and measured 15-20 % faster at 2048 x 64 than the one with runtime flags.
+    leaner and faster than the one with runtime flags (``benchmarks/test_bench_gae.py``).
     """
     if mode & _CHECK_OUT:
         bad = _overlap(rew, val, term, trunc, last, fin, vld, adv, ret, (mode & _RET_ONLY) != 0)

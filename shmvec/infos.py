@@ -33,7 +33,7 @@ def add_info(
 
     ``columns``: when merging many envs into the same ``infos``, pass one dict for all of them;
     it keeps each flat key's ``(array, mask)``, so that later envs write their values straight
-    in (a step of 16 MuJoCo envs with nine keys each: 40 % less time).
+    in instead of looking the key up twice.
     """
     for key, value in info.items():
         if columns is not None:

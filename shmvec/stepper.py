@@ -105,7 +105,7 @@ class Stepper:
         # How each observation leaf is written, chosen once: a pickled one is one object per env.
         self._writers = [self._write_object if leaf.pickled else self._write_leaf for leaf in self.obs_leaves]
         # Small observations are gathered and written once per block: one numpy call instead
-        # of a check and an item assignment per env (half the cost up to ~4 KB per env; past
+        # of a check and an item assignment per env (cheaper up to a few KB per env; past
         # that the extra copy costs more than the calls it saves).
         self.gather_obs = self.flat_obs and int(np.prod(leaf0.shape)) * leaf0.dtype.itemsize <= 4096
         self.flat_act = len(layout.act_leaves) == 1 and not layout.act_leaves[0].path

@@ -81,8 +81,8 @@ def assemble(space: spaces.Space | None, arrays: list[Any]) -> Any:
 
 def _assemble(space: spaces.Space, leaves: Iterator[Any]) -> Any:
     # A module-level function, not a closure that calls itself: such a closure is a reference
-    # cycle, which kept every batch it built alive until the garbage collector ran (measured:
-    # RSS swinging by 200 MB and a page fault per 4 KB of each new batch, async Atari-like 4x slower).
+    # cycle, which kept every batch it built alive until the garbage collector ran (memory
+    # swinging, and a page fault per page of each new batch).
     if isinstance(space, spaces.Dict):
         return {key: _assemble(sub, leaves) for key, sub in space.spaces.items()}
     if isinstance(space, spaces.Tuple):

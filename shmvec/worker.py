@@ -56,8 +56,7 @@ def plain_scalars(info: dict | None) -> dict | None:
     Python floats (ints), nested dicts included; the env's dict is not changed.
 
     What a worker sends back with a step: a numpy scalar pickles through its dtype, several
-    times the bytes and time of a Python one (MuJoCo's Ant reports nine per env and step:
-    its steps ran about 6 % faster for this). The infos a user gets are unchanged: Gymnasium's
+    times the bytes and time of a Python one. The infos a user gets are unchanged: Gymnasium's
     merge gives a float64 (int64) array either way, with the same values.
     """
     if not info:

@@ -13,3 +13,22 @@ def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0
     assert result.failed == 0
+
+
+def test_no_measured_figures_in_code_comments():
+    """Speed figures live in results files and the docs generated from them (they go stale in a
+    comment): the code says why, not how fast it was once."""
+    import io
+    import re
+    import tokenize
+    from pathlib import Path
+
+    measured = re.compile(r"measured:[^\n]*\d|\d+(\.\d+)? ?% (faster|slower|less|more)|\d+(\.\d+)?x (faster|slower)|ran about")
+    found = []
+    for path in sorted((Path(__file__).resolve().parents[1] / "shmvec").rglob("*.py")):
+        for tok in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+            text = tok.string
+            is_docstring = tok.type == tokenize.STRING and text.lstrip("rbuRBU").startswith(('"""', "'''"))
+            if (tok.type == tokenize.COMMENT or is_docstring) and measured.search(text):
+                found.append(f"{path.name}:{tok.start[0]}: {measured.search(text).group(0)!r}")
+    assert not found, found

@@ -504,7 +504,7 @@ ENGINES: dict[str, Engine] = {
             supports=_rollout_supports,
         ),
         # Before the process-per-env peers: what they leave running for a while after close
-        # (measured: 1.45x instead of 1.79x right after SB3 at 32 envs) would slow a 2-process ceiling.
+        # would slow a 2-process ceiling measured right after them.
         Engine(
             CEILING,
             "split serial",

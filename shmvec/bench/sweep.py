@@ -32,8 +32,8 @@ MB_PER_PROCESS = 25.0
 # Set-up and tear-down time of a run, for the time estimate only.
 SETUP_S, SETUP_S_PER_PROCESS = 0.3, 0.02
 # Pause before measuring after an engine that started more processes than there are workers:
-# their exit (and the kernel reclaiming their memory) goes on for a while after close, and once
-# slowed a 2-process engine measured right after them from 1.79x to 1.45x the serial loop.
+# their exit (and the kernel reclaiming their memory) goes on for a while after close, and
+# slows a 2-process engine measured right after them.
 SETTLE_S = 1.0
 
 
