@@ -617,6 +617,14 @@ def test_sb3_peer_when_installed():
     assert r.workers == 2 and r.processes == 2
 
 
+def test_torchrl_peer_when_installed():
+    pytest.importorskip("torchrl")  # optional peer: checked only where it is installed
+    r = measure(ENGINES["torchrl"], spec(3), TINY, action_space())
+    assert r.ok, r.reason
+    assert r.workers == 3 and r.processes == 3 and r.vector_steps >= 2
+    assert ENGINES["torchrl"].unsupported(WORKLOADS["mpe-simple-spread"]) == "a single-agent engine"
+
+
 def _load_benchmark_script(name):
     import importlib.util
     from pathlib import Path

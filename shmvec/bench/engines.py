@@ -133,6 +133,42 @@ class _EnvPoolStepper:
             close()
 
 
+class _TorchRLStepper:
+    """TorchRL's ``ParallelEnv``: actions go in as a tensor of the TensorDict; its own autoreset
+    (``step_and_maybe_reset``, what TorchRL's collectors call) carries on past episode ends."""
+
+    def __init__(self, env: Any, workers: int) -> None:
+        import torch
+
+        self.env, self.workers, self._as_tensor = env, workers, torch.as_tensor
+        self.td: Any = None
+
+    def reset(self, seed: int) -> None:
+        self.env.set_seed(seed)
+        self.td = self.env.reset()
+
+    def step(self, actions: Any) -> None:
+        td = self.td
+        td["action"] = self._as_tensor(actions)
+        _, self.td = self.env.step_and_maybe_reset(td)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class TorchRLMake:
+    """A picklable factory of one TorchRL ``GymWrapper`` around ``make_env()`` (discrete actions
+    as indices, as the other engines take them)."""
+
+    def __init__(self, make_env: Callable[[], Any]) -> None:
+        self.make_env = make_env
+
+    def __call__(self) -> Any:
+        from torchrl.envs import GymWrapper
+
+        return GymWrapper(self.make_env(), categorical_action_encoding=True)
+
+
 class _AsyncStepper:
     """shmvec's asynchronous collection timed as the sync engines are: one ``step`` call runs
     recv/send cycles until every env has advanced once on average (``num_envs`` env steps)."""
@@ -323,6 +359,17 @@ def _build_sb3(spec: RunSpec) -> Stepper:
     # fork (where it exists) keeps the sweep short without changing what is measured.
     method = "fork" if "fork" in mp.get_all_start_methods() else None
     return _SB3Stepper(SubprocVecEnv(spec.env_fns(), start_method=method), spec.num_envs)
+
+
+def _build_torchrl(spec: RunSpec) -> Stepper:
+    import multiprocessing as mp
+
+    from torchrl.envs import ParallelEnv
+
+    # One process per env, as TorchRL's docs build a ParallelEnv; fork where it exists, as for SB3.
+    method = "fork" if "fork" in mp.get_all_start_methods() else None
+    env = ParallelEnv(spec.num_envs, TorchRLMake(spec.workload.make_env), mp_start_method=method)
+    return _TorchRLStepper(env, spec.num_envs)
 
 
 def _build_envpool(spec: RunSpec) -> Stepper:
@@ -564,6 +611,15 @@ ENGINES: dict[str, Engine] = {
             _per_env,
             requires="stable_baselines3",
             install_hint="pip install stable-baselines3",
+        ),
+        Engine(
+            "torchrl",
+            "TorchRL Parallel",
+            "torchrl.envs.ParallelEnv(num_envs, GymWrapper(env)), one process per env, fork start method",
+            _build_torchrl,
+            _per_env,
+            requires="torchrl",
+            install_hint="pip install torchrl (with the torch it was built for)",
         ),
         Engine(
             "envpool",

@@ -217,7 +217,7 @@ def method_text(sweep: SweepResult) -> str:
         "between two of them is the median of its per-round ratios. The process-per-env peers run after them, "
         "one at a time. "
         f"shmvec: `num_workers={c.get('num_workers')}` (the usable cores), every env in a worker (the defaults); "
-        "gym Async, classic and SB3 Subproc: one process per env (as their docs advise); "
+        "gym Async, classic and SB3 Subproc, TorchRL Parallel: one process per env (as their docs advise); "
         f"engines that would start more than {c.get('max_procs')} processes are skipped at that size. "
         "x serial: steps/s over the serial loop's (one process, no vector env) in the same run; "
         "shmvec speedup: shmvec's steps/s over that engine's, same run (> 1: shmvec is faster). "
