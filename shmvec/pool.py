@@ -133,6 +133,8 @@ class WorkerPool:
     spin_us : float or None
         Spin budget of a wait, in microseconds, before it blocks; ``None`` picks one from the
         number of cores (spinning only where the spinner has a core of its own).
+    worker_threads : int or None
+        Thread pools of the libraries in each worker process (see :mod:`shmvec.threads`).
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class WorkerPool:
         autoreset_mode: AutoresetMode,
         timeout: float | None,
         spin_us: float | None = None,
+        worker_threads: int | None = 1,
     ) -> None:
         self.num_envs = len(env_fns)
         num_blocks = num_workers + (1 if step_in_main else 0)
@@ -201,7 +204,7 @@ class WorkerPool:
         self._all_done: Callable[[], bool] = lambda: False  # see _set_up
 
         self._env_fns = env_fns  # the main block's are called again by a restart
-        self.workers = WorkerProcesses(env_fns, self.blocks[:num_workers], context)
+        self.workers = WorkerProcesses(env_fns, self.blocks[:num_workers], context, worker_threads)
         self.context = self.workers.context
         try:
             for block in self.worker_blocks:

@@ -53,7 +53,13 @@ class WorkerProcesses:
         If a block's factories cannot be pickled (nothing is started then).
     """
 
-    def __init__(self, env_fns: Sequence[Callable[[], Any]], block_envs: list[range], context: str | None) -> None:
+    def __init__(
+        self,
+        env_fns: Sequence[Callable[[], Any]],
+        block_envs: list[range],
+        context: str | None,
+        threads: int | None = 1,
+    ) -> None:
         import cloudpickle
 
         self._blobs: list[bytes] = []
@@ -66,6 +72,7 @@ class WorkerProcesses:
         self._ctx = cast("DefaultContext | ForkContext | ForkServerContext | SpawnContext", mp.get_context(context))
         self.context: str = self._ctx.get_start_method()
         self.block_envs = block_envs
+        self.threads = threads
         count = len(block_envs)
         self.procs: list[Any] = [None] * count  # multiprocessing.Process, once started
         self.conns: list[Any] = [None] * count  # each worker's duplex pipe (handshake, payloads, replies)
@@ -87,7 +94,15 @@ class WorkerProcesses:
         os.set_blocking(wake_w.fileno(), False)
         proc = ctx.Process(
             target=worker_main,
-            args=(block, self.block_envs[block].start, self._blobs[block], child_conn, wake_r, self._done_conns[1]),
+            args=(
+                block,
+                self.block_envs[block].start,
+                self._blobs[block],
+                child_conn,
+                wake_r,
+                self._done_conns[1],
+                self.threads,
+            ),
             name=f"shmvec-worker-{block}",
             daemon=True,
         )

@@ -119,6 +119,13 @@ class ShmVecEnv(VectorEnv):
         + 1 <= cores, 150 when it shares the cores with as many workers as cores (the default
         layout on a small machine: a short spin catches a cheap step without a kernel
         wake-up), else 0. Given, it applies to both sides.
+    worker_threads : int or None, default 1
+        Threads each worker process lets OpenCV, torch, numba and BLAS use (set before the envs
+        are built, and again once they are): a worker steps its envs one after the other, and
+        every library sizing its pool by the machine's cores in every worker would
+        oversubscribe them. ``None`` leaves the libraries as they are. BLAS pools that numpy
+        started before a fork are capped only where ``threadpoolctl`` is installed. The
+        calling process is left alone.
     """
 
     observation_space = BatchedSpace("single_observation_space")
@@ -139,6 +146,7 @@ class ShmVecEnv(VectorEnv):
         on_error: str = "raise",
         check_finite: bool = False,
         spin_us: float | None = None,
+        worker_threads: int | None = 1,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "restart"):
@@ -153,7 +161,17 @@ class ShmVecEnv(VectorEnv):
         self.num_blocks = self.num_workers + (1 if step_in_main else 0)
         self.batch_size = self._check_batch_size(batch_size)
         self.copy = copy
-        self._pool = WorkerPool(env_fns, self.num_workers, step_in_main, context, self.autoreset_mode, timeout, spin_us)
+        self.worker_threads = None if worker_threads is None else positive_int(worker_threads, "worker_threads")
+        self._pool = WorkerPool(
+            env_fns,
+            self.num_workers,
+            step_in_main,
+            context,
+            self.autoreset_mode,
+            timeout,
+            spin_us,
+            self.worker_threads,
+        )
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
         # Closes this env when the code it guards raises (a weak reference: no cycle keeps
         # the env alive past its last user, whose garbage collection closes it).

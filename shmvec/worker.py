@@ -33,6 +33,7 @@ from shmvec.protocol import (
     phase,
 )
 from shmvec.stepper import Stepper, build_envs
+from shmvec.threads import cap_libraries, cap_variables
 
 _STEP, _RESET, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP, _INFO_ATTACH = (
     int(Command.STEP),
@@ -47,8 +48,6 @@ _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
 # numpy scalar types that travel as Python scalars with nothing lost (see plain_scalars); filled
 # in by _serve, since numpy is not imported at module level here.
 _PLAIN: dict = {}
-
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 def plain_scalars(info: dict | None) -> dict | None:
@@ -72,20 +71,20 @@ def plain_scalars(info: dict | None) -> dict | None:
     return out
 
 
-def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w) -> None:
+def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w, threads: int | None = 1) -> None:
     """Entry point of a worker process: build the envs, attach, serve commands until CLOSE.
 
     ``conn`` carries the handshake and the rare pickled payloads and replies; ``wake_r`` and
     ``done_w`` are the read end of this worker's wake pipe and the write end of the shared
     done pipe (``Connection`` objects, so that every start method can pass them).
+    ``threads``: the libraries' thread pools here (:mod:`shmvec.threads`).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns shutdown
     # Under fork, everything the parent held is inherited, including objects whose destructors
     # talk to threads that did not survive the fork (a Ray or gRPC client waits forever for
     # them). Freezing keeps the garbage collector away from every inherited object.
     gc.freeze()
-    for var in _THREAD_VARS:
-        os.environ.setdefault(var, "1")
+    cap_variables(threads)
 
     import multiprocessing as mp
 
@@ -102,6 +101,7 @@ def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         if not isinstance(envs, list):
             conn.send(envs)
             return
+        cap_libraries(threads)  # the pools of what the envs imported, or the fork brought along
         env0 = envs[0]
         conn.send(Spaces.of(env0))
         msg = conn.recv()

@@ -688,7 +688,7 @@ def test_split_serial_reports_a_failing_env():
 def test_instruction_counts_per_env_step(tmp_path, capsys):
     instructions = _load_benchmark_script("instructions")
     out = tmp_path / "instr.json"
-    figures = instructions.main(["--engines", "serial,shmvec", "--num-envs", "2", "--env-steps", "500",
+    figures = instructions.main(["--engines", "serial,shmvec", "--num-envs", "2", "--env-steps", "2000",
                                  "--json", str(out)])
     serial, shmvec_step = figures[("cartpole", "serial", 2)], figures[("cartpole", "shmvec", 2)]
     assert 10_000 < serial < 500_000, figures  # a CartPole step in Python: tens of thousands of instructions
@@ -698,7 +698,7 @@ def test_instruction_counts_per_env_step(tmp_path, capsys):
     with pytest.raises(SystemExit):  # starts a worker process even at one worker: its work would not count
         instructions.main(["--engines", "shmvec-async"])
     # with workers: the calling process and its workers counted together (their env steps too)
-    figures = instructions.main(["--workers", "2", "--engines", "shmvec", "--num-envs", "4", "--env-steps", "500"])
+    figures = instructions.main(["--workers", "2", "--engines", "shmvec", "--num-envs", "4", "--env-steps", "2000"])
     assert 10_000 < serial < figures[("cartpole", "shmvec", 4)] < 3 * serial, figures
     with pytest.raises(SystemExit):  # the split-serial ceiling starts processes: only with --workers
         instructions.main(["--engines", "split-serial"])
