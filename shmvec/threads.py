@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 __all__ = ["THREAD_VARS", "cap_libraries", "cap_variables", "library_threads"]
 
@@ -51,7 +52,7 @@ def cap_libraries(threads: int | None) -> None:
         torch = modules["torch"]
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-    parallel = modules.get("numba.np.ufunc.parallel")
+    parallel: Any = modules.get("numba.np.ufunc.parallel")
     if parallel is not None:
         if parallel._is_initialized:  # the pool runs (launched here): use fewer of its threads
             parallel.set_num_threads(min(threads, parallel.NUM_THREADS))
@@ -72,7 +73,7 @@ def library_threads() -> dict[str, int]:
         out["cv2"] = modules["cv2"].getNumThreads()
     if "torch" in modules:
         out["torch"] = modules["torch"].get_num_threads()
-    parallel = modules.get("numba.np.ufunc.parallel")
+    parallel: Any = modules.get("numba.np.ufunc.parallel")
     if parallel is not None:
         out["numba"] = parallel.get_num_threads() if parallel._is_initialized else parallel.NUM_THREADS
     return out
