@@ -3,7 +3,8 @@
 # bench-gpu's measurement and the scaling tables, each under its own time limit so that one
 # failure does not cost the rest. Packages its image lacks (gymnasium, ale-py, mujoco) travel
 # as wheels in .whl/. Results and logs go to $OUT (default results/device). STEPS picks the parts
-# (default: "tests gpu scaling_cartpole scaling_real"); REAL_ENVS and REAL_WORKERS size the real-env table.
+# (default: "tests gpu scaling_cartpole scaling_real"); REAL_ENVS and REAL_WORKERS size the real-env table
+# (64 envs: the size #28's targets name, sync and async, with the workers' thread pools capped).
 set -u
 OUT=${OUT:-results/device}
 mkdir -p "$OUT"
@@ -27,7 +28,7 @@ want gpu && step gpu 140 python3 benchmarks/gpu.py --workloads ${GPU_WORKLOADS:-
     --json "$OUT/gpu.json"
 want scaling_cartpole && step scaling_cartpole 130 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,2,4,8,16 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_cartpole.json"
-want scaling_real && step scaling_real 190 python3 benchmarks/scaling.py --workloads atari-pong,mujoco-ant \
-    --num-envs ${REAL_ENVS:-32} --engines split-serial,shmvec,shmvec-main,gym-async-shm --workers ${REAL_WORKERS:-1,4,16} \
-    --max-procs 40 \
+want scaling_real && step scaling_real 230 python3 benchmarks/scaling.py --workloads atari-pong,mujoco-ant \
+    --num-envs ${REAL_ENVS:-64} --engines split-serial,shmvec,shmvec-async,gym-async-shm --workers ${REAL_WORKERS:-4,16} \
+    --max-procs 70 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_real.json"
