@@ -806,3 +806,24 @@ def test_write_docs_recomputes_marked_figures_and_keeps_the_sweep(tmp_path):
     assert not stale(readme.read_text(), sweep) and page.read_text() == "no figures\n"
     assert load_json(tmp_path / DOCS_SWEEP).to_dict() == json.loads(json.dumps(sweep.to_dict()))
     assert rewrite(readme.read_text(), sweep) == readme.read_text()
+
+
+def test_figures_from_other_results_files(tmp_path):
+    from shmvec.bench.figures import FigureError, compute
+
+    sweep = fabricated()
+    (tmp_path / "one.json").write_text(json.dumps(sweep.to_dict()))
+    other = fabricated()
+    other.results = [RunResult(r.workload, r.num_envs, r.engine, r.status, r.reason,
+                               steps_per_s=None if r.steps_per_s is None else r.steps_per_s * (2 if r.engine == "shmvec" else 1))
+                     for r in other.results]
+    (tmp_path / "by_workers.json").write_text(json.dumps({"1": sweep.to_dict(), "4": other.to_dict()}))
+    assert compute("in one.json ratio atari-like:128 shmvec/gym-sync", None, root=tmp_path) == "3.00x"
+    assert compute("in by_workers.json#4 ratio atari-like:128 shmvec/gym-sync", None, root=tmp_path) == "6.00x"
+    table = compute("in by_workers.json scaling atari-like:128 cost-100us:32 | shmvec/serial", None,
+                    "| w | a | b |\n|---|---|---|", root=tmp_path)
+    assert table.splitlines()[3:5] == ["| 1 | 0.50x | 1.50x |", "| 4 | 1.00x | 3.00x |"]
+    for bad in ("in nothing.json ratio atari-like:128 shmvec/serial", "in by_workers.json#9 ratio atari-like:128 a/b",
+                "in by_workers.json ratio atari-like:128 shmvec/serial"):
+        with pytest.raises(FigureError):
+            compute(bad, None, "| w |\n|---|", root=tmp_path)

@@ -20,7 +20,7 @@ FIX = f"rerun `shmvec bench --write-docs`, or `shmvec bench --from-json {DOCS_SW
 
 def test_marked_figures_match_the_sweep_the_docs_quote():
     sweep = load_json(ROOT / DOCS_SWEEP)
-    found = {page.relative_to(ROOT).as_posix(): stale(page.read_text(), sweep) for page in pages(ROOT)}
+    found = {page.relative_to(ROOT).as_posix(): stale(page.read_text(), sweep, ROOT) for page in pages(ROOT)}
     wrong = [f"{name}: {s.query!r} says {s.found!r}, the sweep {s.expected!r}" for name, ss in found.items() for s in ss]
     assert not wrong, "\n".join(wrong) + "\n" + FIX
     counts = {name: len(FIGURE.findall((ROOT / name).read_text())) for name in found}

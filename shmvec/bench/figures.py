@@ -23,10 +23,16 @@ sizes, ``8,32``, or be ``*``: every size where the figure was measured), then wh
 
 A table's markers stand on lines of their own around the whole table; its header (the lines
 up to the ``|---|`` one) is the page's, the rows are generated.
+
+A query that starts ``in FILE`` reads another results file of the repository instead: a sweep
+(``results.json``), or a file of sweeps keyed by worker count (``benchmarks/scaling.py
+--json``), one of which ``FILE#KEY`` picks. For the latter, ``scaling CELLS | C1 C2 ...`` gives
+one table row per worker count: the columns of each cell in turn.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -121,11 +127,42 @@ def _table(current: str, rows: list[str]) -> str:
     raise FigureError("a table figure needs the table's header, up to its |---| line, between its markers")
 
 
-def compute(query: str, sweep: SweepResult, current: str = "") -> str:
+def _study(root: Path, ref: str) -> SweepResult | dict[int, SweepResult]:
+    """The sweep (or the sweeps by worker count) of results file ``ref`` (``FILE`` or ``FILE#KEY``)."""
+    name, _, key = ref.partition("#")
+    path = root / name
+    if not path.exists():
+        raise FigureError(f"no results file {name} under {root}")
+    data = json.loads(path.read_text())
+    if "results" in data:
+        return SweepResult.from_dict(data)
+    sweeps = {int(k): SweepResult.from_dict(v) for k, v in data.items()}
+    if not key:
+        return sweeps
+    if int(key) not in sweeps:
+        raise FigureError(f"{name} has no sweep {key} (it has {sorted(sweeps)})")
+    return sweeps[int(key)]
+
+
+def compute(query: str, sweep: SweepResult, current: str = "", root: str | Path = ".") -> str:
     """The text of the figure ``query`` asks for (see the module docstring); ``current``: the
-    text between its markers now, whose table header a table figure keeps."""
+    text between its markers now, whose table header a table figure keeps; ``root``: where the
+    files of ``in FILE`` queries are."""
     head, _, tail = query.partition("|")
     words, columns = head.split(), tail.split()
+    if words[:1] == ["in"] and len(words) > 2:
+        study = _study(Path(root), words[1])
+        words = words[2:]
+        if isinstance(study, dict):
+            if words[0] != "scaling" or len(words) < 2 or not columns:
+                raise FigureError(f"{query!r}: a file of sweeps by worker count takes 'scaling CELLS | COLUMNS'")
+            lines = []
+            for workers, one in sorted(study.items()):
+                pairs = _cells(one, words[1:], lambda w, n: False)
+                cells = [str(workers)] + [_cell(one, workload, size, c) for workload, size in pairs for c in columns]
+                lines.append("| " + " | ".join(cells) + " |")
+            return _table(current, lines)
+        sweep = study
     kind = words[0] if words else ""
     tokens = [w for w in words[1:] if ":" in w]
     rest = [w for w in words[1:] if ":" not in w]
@@ -153,18 +190,18 @@ def compute(query: str, sweep: SweepResult, current: str = "") -> str:
     raise FigureError(f"cannot read figure query {query!r} (see shmvec.bench.figures)")
 
 
-def rewrite(text: str, sweep: SweepResult) -> str:
-    """``text`` with every marked figure recomputed from ``sweep``."""
+def rewrite(text: str, sweep: SweepResult, root: str | Path = ".") -> str:
+    """``text`` with every marked figure recomputed from ``sweep`` (and the files under ``root``)."""
     return FIGURE.sub(
-        lambda m: f"<!-- figure: {m['query']} -->{compute(m['query'], sweep, m['text'])}<!-- /figure -->", text
+        lambda m: f"<!-- figure: {m['query']} -->{compute(m['query'], sweep, m['text'], root)}<!-- /figure -->", text
     )
 
 
-def stale(text: str, sweep: SweepResult) -> list[Stale]:
-    """The marked figures of ``text`` that ``sweep`` gives otherwise."""
+def stale(text: str, sweep: SweepResult, root: str | Path = ".") -> list[Stale]:
+    """The marked figures of ``text`` that ``sweep`` (and the files under ``root``) give otherwise."""
     out = []
     for m in FIGURE.finditer(text):
-        expected = compute(m.group("query"), sweep, m.group("text"))
+        expected = compute(m.group("query"), sweep, m.group("text"), root)
         if m.group("text") != expected:
             out.append(Stale(m.group("query"), m.group("text"), expected))
     return out

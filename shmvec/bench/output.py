@@ -127,7 +127,7 @@ def _update_figures(sweep: SweepResult, docs_path: Path) -> None:
     write_json(sweep, target)
     for page in pages(root):
         text = page.read_text()
-        new = rewrite(text, sweep)
+        new = rewrite(text, sweep, root)
         if new != text:
             page.write_text(new)
 
