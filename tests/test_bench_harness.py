@@ -827,3 +827,18 @@ def test_figures_from_other_results_files(tmp_path):
                 "in by_workers.json ratio atari-like:128 shmvec/serial"):
         with pytest.raises(FigureError):
             compute(bad, None, "| w |\n|---|", root=tmp_path)
+
+
+def test_figures_read_any_study_results_file(tmp_path):
+    from shmvec.bench.figures import FigureError, compute
+
+    (tmp_path / "study.json").write_text(json.dumps([{"rate": 97082.98, "x/y": {"median": 1.6034, "min": 1.4912,
+                                                                                "max": 1.7072}}]))
+    assert compute("in study.json value 0.rate rate", None, root=tmp_path) == "97,083"
+    assert compute("in study.json value 0.rate compact", None, root=tmp_path) == "97.1k"
+    assert compute("in study.json value 0.x/y.median ratio", None, root=tmp_path) == "1.60x"
+    assert compute("in study.json value 0.x/y range", None, root=tmp_path) == "1.49-1.71"
+    for bad in ("in study.json value 1.rate rate", "in study.json value 0.nope ratio", "in study.json value 0.x/y ratio",
+                "in gone.json value 0.rate rate"):
+        with pytest.raises(FigureError):
+            compute(bad, None, root=tmp_path)

@@ -27,7 +27,11 @@ up to the ``|---|`` one) is the page's, the rows are generated.
 A query that starts ``in FILE`` reads another results file of the repository instead: a sweep
 (``results.json``), or a file of sweeps keyed by worker count (``benchmarks/scaling.py
 --json``), one of which ``FILE#KEY`` picks. For the latter, ``scaling CELLS | C1 C2 ...`` gives
-one table row per worker count: the columns of each cell in turn.
+one table row per worker count: the columns of each cell in turn. Any other JSON results file
+(a study's, under ``benchmarks/``) is read by ``in FILE value PATH FORMAT``: ``PATH`` names
+keys and list indices joined by dots (``0.pinned/plain.median``), ``FORMAT`` is ``ratio``
+(``1.60x``), ``rate`` (``97,083``), ``compact`` (``97.1k``) or ``range`` (a ``min``/``max``
+pair: ``1.49-1.71``).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from shmvec.bench.report import format_rate, format_ratio
 from shmvec.bench.sweep import SweepResult
@@ -144,12 +149,33 @@ def _study(root: Path, ref: str) -> SweepResult | dict[int, SweepResult]:
     return sweeps[int(key)]
 
 
+def _value(data: Any, path: str, form: str) -> str:
+    """The figure at ``path`` (keys and indices joined by dots) of a results file's ``data``."""
+    node = data
+    for part in path.split("."):
+        try:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise FigureError(f"no {part!r} on the way to {path!r}") from None
+    if form == "range":
+        return f"{node['min']:.2f}-{node['max']:.2f}"
+    formats = {"ratio": format_ratio, "rate": format_rate, "compact": compact_rate}
+    if form not in formats or not isinstance(node, int | float):
+        raise FigureError(f"{path!r}: cannot show {node!r:.60} as {form!r}")
+    return formats[form](float(node))
+
+
 def compute(query: str, sweep: SweepResult, current: str = "", root: str | Path = ".") -> str:
     """The text of the figure ``query`` asks for (see the module docstring); ``current``: the
     text between its markers now, whose table header a table figure keeps; ``root``: where the
     files of ``in FILE`` queries are."""
     head, _, tail = query.partition("|")
     words, columns = head.split(), tail.split()
+    if words[:1] == ["in"] and len(words) == 5 and words[2] == "value":
+        path = Path(root) / words[1]
+        if not path.exists():
+            raise FigureError(f"no results file {words[1]} under {root}")
+        return _value(json.loads(path.read_text()), words[3], words[4])
     if words[:1] == ["in"] and len(words) > 2:
         study = _study(Path(root), words[1])
         words = words[2:]
