@@ -2,6 +2,7 @@
 
     python benchmarks/ppo_wall_time.py                    # 50k steps, 8 envs, seed 0
     python benchmarks/ppo_wall_time.py --total-steps 20000
+    python benchmarks/ppo_wall_time.py --json benchmarks/results-2core/ppo_wall_time.json  # what the docs quote
 
 Two pairs, each the same code, seed and number of steps, only the vector env differs:
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -113,9 +115,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--total-steps", type=int, default=50_000)
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path, help="also write the rows here (docs/migration.md quotes such a file)")
     args = parser.parse_args(argv)
     rows = run(args.total_steps, args.num_envs, args.seed)
     print(format_table(rows))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return rows
 
 

@@ -35,3 +35,17 @@ def test_latest_results_block_is_the_report_of_that_sweep():
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", block)
     assert all((ROOT / "docs" / link).exists() for link in links), links
     assert block == "\n\n" + render_markdown(sweep, plots=links, heading_level=3) + "\n", FIX
+
+
+def test_ppo_wall_time_table_is_its_results_file():
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("ppo_wall_time", ROOT / "benchmarks/ppo_wall_time.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    rows = json.loads((ROOT / "benchmarks/results-2core/ppo_wall_time.json").read_text())
+    text = (ROOT / "docs/migration.md").read_text()
+    block = text.split("<!-- ppo-wall-time:begin -->\n", 1)[1].split("\n<!-- ppo-wall-time:end -->", 1)[0]
+    assert block == study.format_table(rows)
+    assert all(row["same_run"] for row in rows)  # each pair trained identically
