@@ -18,11 +18,16 @@ At each size ([T, N] float32, bool flags, 1% terminations and 1% truncations):
   (half read, half written): the streaming-bandwidth floor for that traffic.
 
 At the end a table of medians, ns per element and ratios is printed (medians are taken in the
-same run, so the ratios are comparable even on a noisy machine).
+same run, so the ratios are comparable even on a noisy machine). With ``SHMVEC_GAE_JSON=PATH``
+the figures docs/gae.md quotes are also written to ``PATH``::
+
+    SHMVEC_GAE_JSON=benchmarks/results-2core/gae.json .venv/bin/pytest benchmarks/test_bench_gae.py --benchmark-only -q
 """
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import numpy as np
@@ -257,13 +262,30 @@ def _print_table(write):
         write(f"{size:>10}: " + ", ".join(parts))
     write("")
     write("Interleaved batches (same load for all), median us per call and ratios:")
+    figures = {}
     for size in IDS:
         T, N = map(int, size.split("x"))
         m = paired_ratios(T, N)
         ours = m["shmvec_out"]
+        python = _MEDIANS.get((size, "python_loop"))
+        figures[size] = {
+            "shmvec_us": ours * 1e6,
+            "ns_per_element": ours / (T * N) * 1e9,
+            "parallel_us": m["shmvec_parallel"] * 1e6,
+            "numpy_over_shmvec": m["numpy_loop"] / ours,
+            "tianshou_over_shmvec": m["tianshou_njit"] / ours,
+            # not interleaved (a second per call at the largest size): the pytest-benchmark medians
+            "python_over_shmvec": python / _MEDIANS[(size, "shmvec_out")] if python else None,
+            "copy_us": m["copy_bound"] * 1e6,
+            "shmvec_over_copy": ours / m["copy_bound"],
+        }
         write(
             f"{size:>10}: shmvec {ours * 1e6:.1f} us ({ours / (T * N) * 1e9:.2f} ns/el; parallel=True "
             f"{m['shmvec_parallel'] * 1e6:.1f} us), numpy loop {m['numpy_loop'] / ours:.1f}x "
             f"slower, tianshou njit {m['tianshou_njit'] / ours:.2f}x slower, copy bound "
             f"{m['copy_bound'] * 1e6:.1f} us (shmvec/copy {ours / m['copy_bound']:.2f})"
         )
+    if os.environ.get("SHMVEC_GAE_JSON"):
+        with open(os.environ["SHMVEC_GAE_JSON"], "w") as f:
+            json.dump(figures, f, indent=1)
+            f.write("\n")

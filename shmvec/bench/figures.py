@@ -30,8 +30,8 @@ A query that starts ``in FILE`` reads another results file of the repository ins
 one table row per worker count: the columns of each cell in turn. Any other JSON results file
 (a study's, under ``benchmarks/``) is read by ``in FILE value PATH FORMAT``: ``PATH`` names
 keys and list indices joined by dots (``0.pinned/plain.median``), ``FORMAT`` is ``ratio``
-(``1.60x``), ``rate`` (``97,083``), ``compact`` (``97.1k``) or ``range`` (a ``min``/``max``
-pair: ``1.49-1.71``).
+(``1.60x``), ``rate`` (``97,083``), ``compact`` (``97.1k``), ``range`` (a ``min``/``max``
+pair: ``1.49-1.71``) or ``f0``-``f3`` (that many decimals: ``4.09``).
 """
 
 from __future__ import annotations
@@ -160,6 +160,7 @@ def _value(data: Any, path: str, form: str) -> str:
     if form == "range":
         return f"{node['min']:.2f}-{node['max']:.2f}"
     formats = {"ratio": format_ratio, "rate": format_rate, "compact": compact_rate}
+    formats.update({f"f{d}": (lambda x, d=d: f"{x:.{d}f}") for d in range(4)})  # type: ignore[misc]
     if form not in formats or not isinstance(node, int | float):
         raise FigureError(f"{path!r}: cannot show {node!r:.60} as {form!r}")
     return formats[form](float(node))
