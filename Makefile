@@ -23,7 +23,7 @@ $(BENCH_STAMP): $(STAMP)
 	touch $(BENCH_STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=12
 
 # ruff (lint and format check) and mypy over the package, as configured in pyproject.toml.
 lint: $(STAMP)
