@@ -151,3 +151,10 @@ class EnvObsError(ValueError):
     """An env returned something that does not fit its declared space (raised where the env is
     stepped: from a worker it comes back inside a :class:`WorkerError`).
     """
+
+
+class SnapshotError(ShmVecError, TypeError):
+    """An env's state cannot be captured or restored (``get_state``, ``set_state``,
+    ``load_state_dict``): the message names the env, its layers, and what stood in the way.
+    From a worker it comes back inside a :class:`WorkerError`; the vector env stays usable.
+    """

@@ -53,6 +53,9 @@ CallPayload = tuple[str, tuple[Any, ...], dict[str, Any]]  # method or attribute
 SetAttrPayload = tuple[str, list[Any]]  # name, one value per env of the block
 ActionPayload = dict[str, Any]  # pickled action region name -> the block's [n] object array
 RolloutPayload = tuple["RolloutLayout", Any]  # (RolloutLayout, the mapped rollout segment), as the stepper takes it
+EnvRecord = tuple[
+    bytes, bool, float, int
+]  # GET_STATE/SET_STATE: (env snapshot, autoreset pending, episode return, length)
 Reports = list[tuple[int, dict[str, Any] | None, dict[str, Any]]]  # STEP/RESET: (env, final_info, info)
 
 # A block's row of the ``replies`` region: a pickled reply up to this size travels there, not on
@@ -79,6 +82,8 @@ class Command(IntEnum):
     ROLLOUT_ATTACH = 6, "rollout attach"  # payload: a RolloutLayout, then the rollout segment's fd
     ROLLOUT_STEP = 7, "rollout step"  # STEP reading and writing row ARG of the rollout segment
     INFO_ATTACH = 8, "info attach"  # payload: an InfoLayout, then the info segment's fd
+    GET_STATE = 9, "get_state"  # payload: the block's env offsets; reply: one EnvRecord per env
+    SET_STATE = 10, "set_state"  # payload: [(env offset in the block, EnvRecord), ...]
 
 
 class Status(IntEnum):

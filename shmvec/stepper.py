@@ -20,6 +20,7 @@ from shmvec.protocol import (
     CallPayload,
     Command,
     ConstructError,
+    EnvRecord,
     Mismatch,
     Reports,
     ResetPayload,
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from shmvec.layout import Layout, Regions
 
 # Plain ints for the per-step paths: comparing with one costs less than with an enum member.
-_STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP, _INFO_ATTACH = (
+_STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP, _INFO_ATTACH, _GET_STATE, _SET_STATE = (
     int(Command.STEP),
     int(Command.RESET),
     int(Command.CALL),
@@ -45,6 +46,8 @@ _STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP, _INFO_A
     int(Command.ROLLOUT_ATTACH),
     int(Command.ROLLOUT_STEP),
     int(Command.INFO_ATTACH),
+    int(Command.GET_STATE),
+    int(Command.SET_STATE),
 )
 
 
@@ -439,6 +442,32 @@ class Stepper:
             env.set_wrapper_attr(name, values[j])
         self.current = None
 
+    def get_state(self, offsets: list[int]) -> list[EnvRecord]:
+        """The state of the block's envs at ``offsets``: each env's snapshot (:mod:`shmvec.snapshot`)
+        with the running episode this block counts for it.
+        """
+        from shmvec.snapshot import capture
+
+        records = []
+        for j in offsets:
+            self.current = self.start + j
+            blob = capture(self.envs[j], self.start + j)
+            records.append((blob, self.pending_reset[j], float(self.run_return[j]), int(self.run_length[j])))
+        self.current = None
+        return records
+
+    def set_state(self, payload: list[tuple[int, EnvRecord]]) -> None:
+        """Restore ``(offset, record)`` pairs that :meth:`get_state` gave (from any env of the vector env)."""
+        from shmvec.snapshot import restore
+
+        for j, (blob, pending, episode_return, episode_length) in payload:
+            self.current = self.start + j
+            restore(self.envs[j], blob, self.start + j)
+            self.pending_reset[j] = self.autoreset[j] = pending
+            self.run_return[j] = episode_return
+            self.run_length[j] = episode_length
+        self.current = None
+
     def close(self) -> None:
         for j, env in enumerate(self.envs):
             self.current = self.start + j
@@ -465,6 +494,10 @@ class Stepper:
             return self.attach_rollout(payload)
         if cmd == _INFO_ATTACH:
             return self.attach_infos(payload)
+        if cmd == _GET_STATE:
+            return self.get_state(payload)
+        if cmd == _SET_STATE:
+            return self.set_state(payload)
         raise ValueError(f"unknown command {cmd}")
 
 

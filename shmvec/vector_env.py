@@ -10,12 +10,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from shmvec import checkpoint
 from shmvec.actions import ActionBatch
 from shmvec.batched import BatchedSpace
 from shmvec.batches import Batch, Batches
 from shmvec.blocks import reset_payloads, set_attr_payloads
+from shmvec.checkpoint import EnvState
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
-from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerError
+from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, SnapshotError, WorkerError
 from shmvec.info_columns import ColumnReader, InfoSchema
 from shmvec.infos import InfoMerger
 from shmvec.lifecycle import Lifecycle, refuse
@@ -537,6 +539,145 @@ class ShmVecEnv(VectorEnv):
             self._current_obs = [o[storage.rows_done] for o in storage.obs]
         return storage.batch()
 
+    # -- snapshots and checkpoints ----------------------------------------------------------
+    def get_state(self, env_ids: Sequence[int] | np.ndarray | None = None) -> list[EnvState]:
+        """Snapshot the envs ``env_ids`` (default: all): one opaque, picklable :class:`EnvState` each.
+
+        A state holds everything the env's next steps depend on: the env and each wrapper
+        (their RNGs, a ``TimeLimit``'s step count, frame stacks, episode statistics), the
+        emulator of an ALE env, the simulator of a MuJoCo env, and what shmvec keeps per env
+        (its latest observation, a pending autoreset, the running episode's return and length).
+        After :meth:`set_state` the same actions give bit-identical results (``docs/snapshots.md``).
+
+        >>> import shmvec
+        >>> envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2)
+        >>> obs, _ = envs.reset(seed=0)
+        >>> saved = envs.get_state()
+        >>> first = envs.step([1, 0, 1, 0])[0]
+        >>> _ = envs.set_state(saved)
+        >>> bool((envs.step([1, 0, 1, 0])[0] == first).all())
+        True
+        >>> envs.close()
+
+        Raises
+        ------
+        SnapshotError
+            An env whose state cannot be captured (it names the env and the attribute in the
+            way); the vector env stays usable.
+        """
+        self._guard("get_state", sync=False)
+        ids = checkpoint.env_ids(env_ids, self.num_envs, "get_state")
+        groups = checkpoint.by_block(ids, self._pool.blocks)
+        payloads: list[Any] = [None] * self.num_blocks
+        for block, members in groups.items():
+            payloads[block] = [i - self._pool.blocks[block].start for i in members]
+        replies = self._state_round(Command.GET_STATE, payloads, list(groups), "get_state")
+        obs = self._current_obs
+        found = {}
+        for block, members in groups.items():
+            for i, (snapshot, pending, ret, length) in zip(members, replies[block]):
+                found[i] = EnvState(i, snapshot, tuple(leaf[i : i + 1].copy() for leaf in obs), pending, ret, length)
+        return [found[i] for i in ids]
+
+    def set_state(self, states: Sequence[EnvState], env_ids: Sequence[int] | np.ndarray | None = None) -> Any:
+        """Put the envs ``env_ids`` (default: all) in the states :meth:`get_state` gave; return
+        their observations (one row per env of ``env_ids``, as :meth:`reset` would).
+
+        A state may come from any slot, of this vector env or of another built from the same
+        factories (a new process, a restarted worker). With every env restored, a vector env
+        that was never reset is ready to step.
+
+        Raises
+        ------
+        SnapshotError
+            A state taken from envs of another kind (other wrappers, another space).
+        """
+        everything = env_ids is None or (np.size(env_ids) == self.num_envs)
+        self._guard("set_state", needs_reset=not everything, sync=False)
+        ids = checkpoint.env_ids(env_ids, self.num_envs, "set_state")
+        home = self._home.obs
+        states = checkpoint.check_states(states, ids, home)
+        groups = checkpoint.by_block(ids, self._pool.blocks)
+        by_id = dict(zip(ids, states))
+        payloads: list[Any] = [None] * self.num_blocks
+        for block, members in groups.items():
+            start = self._pool.blocks[block].start
+            payloads[block] = [
+                (i - start, (s.snapshot, s.autoreset, s.episode_return, s.episode_length))
+                for i, s in ((i, by_id[i]) for i in members)
+            ]
+        if self._current_obs is not home:  # a rollout left the latest observations in its storage
+            for dst, src in zip(home, self._current_obs):
+                dst[...] = src
+            self._current_obs = home
+        self._state_round(Command.SET_STATE, payloads, list(groups), "set_state")
+        for i, state in by_id.items():
+            for dst, saved in zip(home, state.obs):
+                dst[i : i + 1] = saved
+        if everything:
+            self._state = _READY
+        rows = np.asarray(ids)
+        contiguous = bool(len(ids)) and ids == list(range(ids[0], ids[0] + len(ids)))
+        return self._results.batch(slice(ids[0], ids[-1] + 1) if contiguous else rows, contiguous, self.copy)[0]
+
+    def _state_round(self, cmd: int, payloads: list, blocks: list[int], method: str) -> list:
+        """A GET_STATE or SET_STATE round on ``blocks``, which must not be in flight; a
+        :class:`SnapshotError` in a block is raised as itself.
+        """
+        busy = [self._pool.blocks[b] for b in blocks if self._block_states[b] is _IN_FLIGHT]
+        if busy:
+            raise ValueError(
+                f"{method}: envs {[i for r in busy for i in r]} are in flight (sent, not received): recv() them first"
+            )
+        try:
+            replies, _ = self._round(cmd, payloads, closes_on_error=False, block_ids=blocks)
+        except WorkerError as exc:
+            if exc.exc_type == "SnapshotError":
+                raise SnapshotError(exc.remote_message) from exc
+            raise
+        return replies
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue this vector env elsewhere, bit for bit: every env's
+        :meth:`get_state`, the episode statistics, and the random generators of the spaces
+        (``action_space.sample()``). A picklable dict; see :meth:`load_state_dict` and
+        :func:`shmvec.save_state`. Nothing may be in flight (receive every batch first).
+        """
+        self._guard("state_dict", sync=False)
+        if _IN_FLIGHT in self._block_states:
+            raise ValueError("state_dict: envs are in flight (sent, not received): recv() every batch first")
+        return {
+            "format": checkpoint.FORMAT,
+            "num_envs": self.num_envs,
+            "autoreset_mode": self.autoreset_mode.value,
+            "envs": self.get_state(),
+            "episode_returns": self.episode_returns,
+            "episode_lengths": self.episode_lengths,
+            "episode_counts": self.episode_counts,
+            "space_rngs": checkpoint.space_rngs(self),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> Any:
+        """Continue from :meth:`state_dict`'s ``state``, taken from this vector env or another with
+        the same env factories and ``num_envs`` (in another process, say); return every env's
+        observation. The envs are then ready to step (or, with asynchronous collection, to send).
+        """
+        if not isinstance(state, dict) or state.get("format") != checkpoint.FORMAT:
+            raise ValueError(f"load_state_dict: not a ShmVecEnv state_dict (format {checkpoint.FORMAT!r})")
+        for key, mine in (("num_envs", self.num_envs), ("autoreset_mode", self.autoreset_mode.value)):
+            if state[key] != mine:
+                raise ValueError(f"load_state_dict: the checkpoint has {key}={state[key]!r}, this vector env {mine!r}")
+        self._guard("load_state_dict", needs_reset=False)
+        obs = self.set_state(state["envs"])
+        for name, key in (
+            ("last_return", "episode_returns"),
+            ("last_length", "episode_lengths"),
+            ("episode_count", "episode_counts"),
+        ):
+            self._stats[name][...] = state[key]
+        checkpoint.set_space_rngs(self, state["space_rngs"])
+        return obs
+
     # -- properties -----------------------------------------------------------------------
     @property
     def validate_actions(self) -> bool:
@@ -589,15 +730,16 @@ class ShmVecEnv(VectorEnv):
         closes_on_error: bool = True,
         arg: int = 0,
         out: Targets | None = None,
+        block_ids: list[int] | None = None,
     ) -> tuple[list, Sequence[int]]:
         """One synchronous command round (after :meth:`_guard`); apply ``on_error`` to the blocks
         that failed. Returns ``(replies, envs restarted)``; a step's results go to ``out``
-        (default: the regular regions).
+        (default: the regular regions). ``block_ids``: the blocks addressed (default: all).
         """
         self._held = None
         with self._closing:
             try:
-                replies, failures = self._pool.run(cmd, payloads, arg=arg)
+                replies, failures = self._pool.run(cmd, payloads, arg=arg, block_ids=block_ids)
             except KeyboardInterrupt:
                 # The round finishes in the workers and is dropped (_ClosingOnError keeps the env
                 # open): its results are lost, so the caller starts again from a reset.
