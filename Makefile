@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: test lint conformance bench bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-scaling bench-gpu bench-instructions venv clean
+.PHONY: test lint conformance bench bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-scaling bench-gpu bench-instructions venv clean
 
 venv: $(STAMP)
 
@@ -52,6 +52,10 @@ bench-multiagent: $(BENCH_STAMP)
 # RayVecEnv.rollout against a local ShmVecEnv.rollout (its own local Ray cluster).
 bench-ray: $(STAMP)
 	$(PY) benchmarks/ray_rollout.py --json results/ray_rollout.json
+
+# get_state/set_state of 16 CartPole, Pong and Ant envs, against a step of them (docs/snapshots.md).
+bench-snapshots: $(BENCH_STAMP)
+	$(PY) benchmarks/snapshots.py --json results/snapshots.json
 
 bench-scaling: $(BENCH_STAMP)
 	$(PY) benchmarks/scaling.py --json results/scaling.json

@@ -470,9 +470,11 @@ class WorkerPool:
             self.views[name][sl] = values
         return reply
 
-    def receive(self, count: int) -> tuple[list[int], dict[int, Any], Failures]:
+    def receive(self, count: int, ordered: bool = False) -> tuple[list[int], dict[int, Any], Failures]:
         """Wait until ``count`` of the blocks in flight finished (all of them if fewer are in
-        flight; at least one must be); take their results.
+        flight; at least one must be); take their results. ``ordered``: not any ``count``
+        blocks, but the ``count`` submitted first (lowest block first among those submitted
+        together), so that the order of batches depends on the calls alone, not on timing.
 
         Returns ``(ready, replies, failures)``: the blocks taken, in block order, which are IDLE
         again; the replies of those that sent one; the failures (as :meth:`run` reports them).
@@ -483,6 +485,9 @@ class WorkerPool:
         states, in_flight = self.states, BlockState.IN_FLIGHT
         flying = [block for block, state in enumerate(states) if state is in_flight]
         count = min(count, len(flying))
+        if ordered:
+            target = self._target
+            flying = sorted(sorted(flying, key=lambda b: (target[b], b))[:count])
         failures = self.wait(flying, count, self.timeout)
         ready = [block for block in flying if self._finished(block)]  # in block order
         if failures:

@@ -36,12 +36,23 @@ __all__ = ["capture", "restore", "layer_names"]
 _ALE, _MJDATA, _SPACE, _LIVE = "ale", "mjdata", "space", "live"
 
 
+_KINDS: dict[type, str | None] = {}  # what _native says of each type, once per type (pickling asks per object)
+
+
 def _native(obj: Any) -> str | None:
+    cls = type(obj)
+    try:
+        return _KINDS[cls]
+    except KeyError:
+        kind = _KINDS[cls] = _kind_of(cls)
+        return kind
+
+
+def _kind_of(cls: type) -> str | None:
     from gymnasium.spaces import Space
 
-    if isinstance(obj, Space):  # its bounds are arrays the size of an observation: only its RNGs travel
+    if issubclass(cls, Space):  # its bounds are arrays the size of an observation: only its RNGs travel
         return _SPACE
-    cls = type(obj)
     module = cls.__module__ or ""
     if module.startswith("ale_py"):
         return _ALE if cls.__name__ == "ALEInterface" else None

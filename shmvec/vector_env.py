@@ -128,6 +128,12 @@ class ShmVecEnv(VectorEnv):
         oversubscribe them. ``None`` leaves the libraries as they are. BLAS pools that numpy
         started before a fork are capped only where ``threadpoolctl`` is installed. The
         calling process is left alone.
+    ordered : bool, default False
+        With asynchronous collection, :meth:`recv` returns the blocks in the order they were
+        sent (oldest first; after :meth:`async_reset`, block 0 first), waiting for them if they
+        are not done, instead of whichever finish first. Two runs with the same seeds and
+        policy then see identical batches; the price is the wait for a slow block that
+        free order would have passed over (``docs/async.md``).
     """
 
     observation_space = BatchedSpace("single_observation_space")
@@ -149,6 +155,7 @@ class ShmVecEnv(VectorEnv):
         check_finite: bool = False,
         spin_us: float | None = None,
         worker_threads: int | None = 1,
+        ordered: bool = False,
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "restart"):
@@ -163,6 +170,7 @@ class ShmVecEnv(VectorEnv):
         self.num_blocks = self.num_workers + (1 if step_in_main else 0)
         self.batch_size = self._check_batch_size(batch_size)
         self.copy = copy
+        self.ordered = bool(ordered)
         self.worker_threads = None if worker_threads is None else positive_int(worker_threads, "worker_threads")
         self._pool = WorkerPool(
             env_fns,
@@ -419,6 +427,7 @@ class ShmVecEnv(VectorEnv):
         first are returned first. Autoreset, infos and episode statistics behave as in
         :meth:`step`. With ``copy=False`` a batch of adjacent blocks comes as read-only views.
         ``env_ids`` is read-only: pass it back to :meth:`send` as it is (the cheapest check).
+        With ``ordered=True`` the blocks sent first are returned first, whenever they finish.
         """
         self._guard("recv", needs_reset=False, sync=False)
         if self._held is not None:
@@ -428,7 +437,7 @@ class ShmVecEnv(VectorEnv):
             raise NothingInFlightError("recv() with no env in flight: call send() (or async_reset()) first")
         pool = self._pool
         with self._closing:  # fewer blocks in flight than a batch (envs held back): what there is
-            ready, got, failures = pool.receive(self._batch_blocks)
+            ready, got, failures = pool.receive(self._batch_blocks, self.ordered)
         commands = pool.commands
         restarted: Sequence[int] = _NO_ENVS
         if failures:

@@ -507,3 +507,42 @@ def test_rollout_after_send_recv_starts_from_the_last_received_obs():
         obs = envs.recv()[0]
         batch = envs.rollout(lambda obs: np.zeros(len(obs), np.int64), 2)
         np.testing.assert_array_equal(batch["obs"][0], obs)
+
+
+def ordered_batches(step_in_main: bool, ordered: bool = True, rounds: int = 60) -> list:
+    """Every batch recv() hands back, with a policy that depends on what it got."""
+    out = []
+    with shmvec.ShmVecEnv([jittery_cartpole] * 8, num_workers=4 - step_in_main, step_in_main=step_in_main,
+                          batch_size=4, ordered=ordered) as envs:
+        envs.async_reset(seed=5)
+        for _ in range(rounds):
+            obs, rew, term, trunc, infos, ids = envs.recv()
+            out.append((ids.tolist(), obs.tobytes(), rew.tolist(), term.tolist(), trunc.tolist()))
+            envs.send(policy(obs, ids), ids)
+    return out
+
+
+@pytest.mark.parametrize("step_in_main", [False, True])
+def test_ordered_collection_gives_identical_batches(step_in_main):
+    first = ordered_batches(step_in_main)
+    assert first == ordered_batches(step_in_main)
+    # The order is the order of sending: the two halves take turns.
+    assert [ids for ids, *_ in first[:4]] == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_ordered_collection_returns_blocks_in_the_order_they_were_sent():
+    with shmvec.ShmVecEnv([functools.partial(FaultyEnv, "none")] * 6, num_workers=3, batch_size=2,
+                          ordered=True) as envs:
+        envs.async_reset(seed=0)
+        order = []
+        held = None
+        for k in range(9):
+            *_, ids = envs.recv()
+            order.append(ids.tolist())
+            if k == 1:  # hold block 1 back: sent after block 2, it comes back after it
+                held = ids
+                continue
+            envs.send(np.zeros(len(ids), dtype=np.int64), ids)
+            if k == 2:
+                envs.send(np.zeros(2, dtype=np.int64), held)
+        assert order == [[0, 1], [2, 3], [4, 5], [0, 1], [4, 5], [2, 3], [0, 1], [4, 5], [2, 3]]

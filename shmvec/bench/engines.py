@@ -297,12 +297,12 @@ def _build_shmvec(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
     return build
 
 
-def _build_shmvec_async(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
+def _build_shmvec_async(step_in_main: bool, ordered: bool = False) -> Callable[[RunSpec], Stepper]:
     def build(spec: RunSpec) -> Stepper:
         from shmvec.vector_env import ShmVecEnv
 
         blocks, layout = _layout(spec, step_in_main)
-        env = ShmVecEnv(spec.env_fns(), batch_size=spec.num_envs // blocks, **layout)
+        env = ShmVecEnv(spec.env_fns(), batch_size=spec.num_envs // blocks, ordered=ordered, **layout)
         return _AsyncStepper(env, blocks)
 
     return build
@@ -423,6 +423,10 @@ ROLLOUT_WORKLOADS = ("cartpole", "atari-like")
 CEILING = "split-serial"
 
 
+def _heavy_tail_only(workload: Workload) -> str | None:
+    return None if workload.key == "heavy-tail" else "ordered collection is measured where order costs most: heavy-tail"
+
+
 def _rollout_supports(workload: Workload) -> str | None:
     return None if workload.key in ROLLOUT_WORKLOADS else "rollout engines run on CartPole and Atari-like only"
 
@@ -525,6 +529,15 @@ ENGINES: dict[str, Engine] = {
             "ShmVecEnv(batch_size = num_envs / num_workers): send/recv, every block in a worker",
             _build_shmvec_async(False),
             lambda s: min(s.num_workers, s.num_envs),
+        ),
+        Engine(
+            "shmvec-async-ordered",
+            "shmvec async ordered",
+            "ShmVecEnv(batch_size = num_envs / num_workers, ordered=True): send/recv, batches in the "
+            "order they were sent (reproducible)",
+            _build_shmvec_async(False, ordered=True),
+            lambda s: min(s.num_workers, s.num_envs),
+            supports=_heavy_tail_only,
         ),
         Engine(
             "shmvec-async-main",
