@@ -157,3 +157,29 @@ def test_multiagent_ppo_beats_random_play():
     assert stats["steps"] == 100_000 - 100_000 % (50 * 24) and stats["episodes"] > 240
     assert stats["avg_return"] > -25.0, stats["history"][-5:]
     assert 0.9 < stats["valid_fraction"] < 1.0  # the reset rows after each episode are not transitions
+
+
+# -- examples/ppo_checkpoint.py and examples/go_explore.py: snapshots in a training loop ------
+
+
+def test_ppo_resumed_from_a_checkpoint_in_a_new_process_equals_the_uninterrupted_run(tmp_path):
+    import subprocess
+
+    def run(folder, *args):
+        out = subprocess.run([sys.executable, str(EXAMPLES / "ppo_checkpoint.py"), "--iterations", "6", "--every",
+                              "3", "--checkpoint", str(tmp_path / folder), *args],
+                             check=True, capture_output=True, text=True, timeout=300).stdout
+        return [float(line) for line in out.split()]
+
+    full = run("full")
+    interrupted = run("cut", "--stop-after", "4")  # the last checkpoint is after iteration 3
+    resumed = run("cut", "--resume")
+    assert len(full) == 6 and interrupted == full[:4]
+    assert resumed == full[3:]  # model, optimizer, torch's RNG and the envs, continued bit for bit
+
+
+def test_go_explore_returns_to_cells_and_reaches_the_flag():
+    go = load("go_explore")
+    found = go.explore(rounds=150, num_envs=16, explore_steps=16, seed=0, num_workers=2)
+    assert found["best_position"] >= go.GOAL, found
+    assert go.random_play(found["steps"], 16, seed=0) < go.GOAL  # what the same steps give without returning
