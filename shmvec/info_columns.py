@@ -143,6 +143,20 @@ class ColumnReader:
         self.values = [views[f"info/{k}"] for k in range(len(self.keys))]
         self.masks = views["info_masks"]
 
+    def every_env(self) -> dict[str, Any] | None:
+        """The infos of a step in which every env wrote every key (all of them by column), or
+        ``None`` when some did not: the common case, in a few array copies.
+        """
+        masks = self.masks
+        if not masks.all():
+            return None
+        infos: dict[str, Any] = {}
+        ones = np.ones(masks.shape[1], dtype=bool)
+        for key, values in zip(self.keys, self.values):
+            infos[key] = values.copy()
+            infos[f"_{key}"] = ones.copy()
+        return infos
+
     def seen(self, ids: range | np.ndarray | None, restarted: Any) -> np.ndarray:
         """``[K, batch]``: which envs of the batch wrote each key in their step (a copy; the
         restarted envs, whose step was lost, wrote nothing).

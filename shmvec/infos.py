@@ -154,6 +154,10 @@ class InfoMerger:
         """
         reports = {env: (final_info, info) for block in replies if block for env, final_info, info in block}
         reader = self.columns if with_columns else None
+        if reader is not None and not (reports or same_step or len(restarted)) and ids is None:
+            every = reader.every_env()  # the usual MuJoCo or ALE step: each env wrote each key
+            if every is not None:
+                return every
         written: list[int] = []  # the column keys some env of the batch wrote
         if reader is not None:
             seen = reader.seen(ids, restarted)
