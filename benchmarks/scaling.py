@@ -1,13 +1,13 @@
 """How shmvec scales with cores: the same cells at 1, 2, 4, ... workers, each paired with the serial loop.
 
-    make bench-scaling                   # every power of two up to the usable cores (and that count)
+    make bench-scaling                   # CartPole, Pong, Ant at 16, 64, 256 envs; powers of two up to the cores
     .venv/bin/python benchmarks/scaling.py --workers 1,2,4,8,16 --json results/scaling.json
     .venv/bin/python benchmarks/scaling.py --workloads atari-pong,mujoco-ant --num-envs 32 \
         --engines split-serial,shmvec,shmvec-main,gym-async-shm --workers 1,4,16 --max-procs 40
 
 At each worker count ``w`` it runs the ``make bench`` cells of the workloads (default CartPole-v1
-and the heavy-tail env) at a fixed ``--num-envs`` (256 by default, so only the number of
-processes changes) for the serial loop and the engines (default: split serial, the machine's
+and the heavy-tail env) at each of the fixed ``--num-envs`` (256 by default, so only the number
+of processes changes; the real envs too run at the sizes given) for the serial loop and the engines (default: split serial, the machine's
 ceiling at ``w`` processes; shmvec with its defaults, every env in a worker; shmvec with a
 block in the calling process; async collection with ``batch_size`` = one worker's block). Engines of at most ``w`` processes are measured
 round-robin (``shmvec.bench.measure.measure_group``), so their ratios are medians of per-round
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> dict[int, SweepResult]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default=None, help="worker counts, e.g. 1,2,4,8 (default: powers of two "
                         "up to the usable cores)")
-    parser.add_argument("--num-envs", type=int, default=256)
+    parser.add_argument("--num-envs", default="256", help="sizes, e.g. 16,64,256 (every workload at each)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="e.g. cartpole,atari-pong,mujoco-ant")
     parser.add_argument("--engines", default=",".join(ENGINES), help="the serial loop is always added")
     parser.add_argument("--max-procs", type=int, default=None, help="skip engines that would start more "
@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> dict[int, SweepResult]:
 
     cores = usable_cores()
     workers = default_workers(cores) if args.workers is None else [int(x) for x in args.workers.split(",")]
-    if any(w < 1 or args.num_envs % w for w in workers):
-        parser.error(f"each worker count must be positive and divide --num-envs={args.num_envs}: {workers}")
+    sizes = [int(x) for x in str(args.num_envs).split(",")]
+    if any(w < 1 or n % w for w in workers for n in sizes):
+        parser.error(f"each worker count must be positive and divide each of --num-envs={args.num_envs}: {workers}")
     if max(workers) > cores:
         print(f"note: {max(workers)} workers on {cores} usable cores: the larger counts are oversubscribed",
               file=sys.stderr)
@@ -110,11 +111,12 @@ def main(argv: list[str] | None = None) -> dict[int, SweepResult]:
     for w in workers:
         print(f"{w} worker(s): {len(workloads)} workloads x {len(engines)} engines at {args.num_envs} envs",
               file=sys.stderr, flush=True)
-        config = SweepConfig(workloads=workloads, engines=engines, num_envs=[args.num_envs], timing=timing,
-                             num_workers=w, max_procs=max_procs)
+        config = SweepConfig(workloads=workloads, engines=engines, num_envs=sizes, timing=timing,
+                             num_workers=w, max_procs=max_procs, sizes_as_given=True)
         sweeps[w] = run_sweep(config, progress=False)
-    print(f"# shmvec scaling: {args.num_envs} envs, {cores} usable cores\n")
-    print(table(sweeps, args.num_envs, columns(workloads, engines)), flush=True)
+    for n in sizes:
+        print(f"# shmvec scaling: {n} envs, {cores} usable cores\n")
+        print(table(sweeps, n, columns(workloads, engines)) + "\n", flush=True)
     failed = [f"{w} workers: {r.workload} {r.engine}: {r.reason}" for w, s in sweeps.items()
               for r in s.results if r.status == "failed"]
     for line in failed:

@@ -249,6 +249,8 @@ def test_paired_ratio_is_the_median_of_per_round_ratios():
 
 
 def test_real_envs_run_at_their_own_size_and_only_when_named_in_a_quick_sweep():
+    given = plan_sweep(SweepConfig(workloads=["atari-pong"], engines=["serial"], num_envs=[64], sizes_as_given=True))
+    assert [(p.workload.key, p.num_envs) for p in given] == [("atari-pong", 64)]  # a scaling study's size
     plan = plan_sweep(SweepConfig(workloads=["atari-pong", "cartpole"], engines=["serial"], num_envs=[8, 32]))
     assert sorted({(p.workload.key, p.num_envs) for p in plan}) == [("atari-pong", 16), ("cartpole", 8),
                                                                     ("cartpole", 32)]
@@ -639,14 +641,16 @@ def _load_benchmark_script(name):
 def test_scaling_script_runs_each_worker_count(capsys):
     scaling = _load_benchmark_script("scaling")
     assert scaling.default_workers(16) == [1, 2, 4, 8, 16] and scaling.default_workers(6) == [1, 2, 4, 6]
-    sweeps = scaling.main(["--workers", "1,2", "--num-envs", "4", "--seconds", "0.01", "--repeats", "2",
+    sweeps = scaling.main(["--workers", "1,2", "--num-envs", "4,8", "--seconds", "0.01", "--repeats", "2",
                            "--workloads", "cartpole"])
     assert set(sweeps) == {1, 2}
     assert all(r.ok for s in sweeps.values() for r in s.results), [r.reason for s in sweeps.values() for r in s.results]
-    assert sweeps[2].get("cartpole", 4, "shmvec").paired_with(sweeps[2].get("cartpole", 4, "serial"))
+    for n in (4, 8):
+        assert sweeps[2].get("cartpole", n, "shmvec").paired_with(sweeps[2].get("cartpole", n, "serial"))
     out = capsys.readouterr().out
+    assert "# shmvec scaling: 4 envs" in out and "# shmvec scaling: 8 envs" in out
     rows = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
-    assert len(rows) == 2 and rows[0].count("x |") >= 4 and "| - |" in rows[0]
+    assert len(rows) == 4 and rows[0].count("x |") >= 4 and "| - |" in rows[0]
     with pytest.raises(SystemExit):
         scaling.main(["--workers", "3", "--num-envs", "4"])  # 3 does not divide 4
 

@@ -62,6 +62,9 @@ class SweepConfig:
         Measure, before each workload and at the end, how much faster CPU-bound work runs in
         ``num_workers`` processes than in one (:func:`~shmvec.bench.machine.parallel_scaling`):
         the ceiling of any engine's speedup here, reported with the results.
+    sizes_as_given : bool
+        Measure every workload at ``num_envs``, the real envs too (by default those run at their
+        own fixed sizes): for studies of one size, such as ``benchmarks/scaling.py``.
     """
 
     workloads: list[str] | None = None
@@ -74,6 +77,7 @@ class SweepConfig:
     run_timeout: float | None = None
     quick: bool = False
     probe_scaling: bool = True
+    sizes_as_given: bool = False
 
     @classmethod
     def full(cls, **overrides: Any) -> SweepConfig:
@@ -127,7 +131,8 @@ def plan_sweep(config: SweepConfig) -> list[PlannedRun]:
     free_mb = available_mb()
     plan = []
     for workload in workloads:
-        for n in sorted(set(workload.sizes or config.num_envs)):
+        sizes = config.num_envs if config.sizes_as_given else workload.sizes or config.num_envs
+        for n in sorted(set(sizes)):
             spec = RunSpec(workload, n, config.workers(), config.seed)
             for engine in engines:
                 procs = engine.processes(spec)
