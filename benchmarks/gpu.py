@@ -20,17 +20,15 @@ Atari, frames = 4 x steps).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 import shmvec
+from shmvec.bench.output import write_study
 from shmvec.bench.workloads import get_workloads
 from shmvec.checks import usable_cores
 from shmvec.torch import TorchVecEnv
@@ -152,9 +150,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"pinned rollout {med['pinned-rollout']:,.0f} ({res['pinned-rollout/plain']['median']:.2f}x, "
               f"{res['pinned-rollout/plain']['min']:.2f}-{res['pinned-rollout/plain']['max']:.2f})", flush=True)
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1))
+        write_study(args.json, results)
     return results
 
 

@@ -23,7 +23,6 @@ side by side, one per core: counts do not depend on load.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
@@ -32,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shmvec.bench.engines import RunSpec, get_engines, make_actions
+from shmvec.bench.output import write_study
 from shmvec.bench.workloads import get_workloads
 from shmvec.checks import usable_cores
 
@@ -148,9 +148,8 @@ def main(argv: list[str] | None = None) -> dict[tuple[str, str, int], float]:
     else:
         print("\ninstructions per env step (callgrind, calling process, num_workers=0: every env in it)")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([{"workload": w, "engine": e, "num_envs": n, "instructions_per_env_step": v}
-                                         for (w, e, n), v in figures.items()], indent=1))
+        write_study(args.json, [{"workload": w, "engine": e, "num_envs": n, "instructions_per_env_step": v}
+                                for (w, e, n), v in figures.items()])
     return figures
 
 

@@ -13,12 +13,12 @@ caller steps a block itself).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 
+from shmvec.bench.output import write_study
 from shmvec.checks import usable_cores
 
 TRAIN = r"""
@@ -73,9 +73,7 @@ def main(argv: list[str] | None = None) -> dict:
         out["sizes"][str(n)] = row
         print(f"{n:>3} envs: " + ", ".join(f"{v} {row[v]:.2f}x" for v in VARIANTS[1:]) + " of SyncVectorEnv's SPS")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+        write_study(args.json, out)
     return out
 
 

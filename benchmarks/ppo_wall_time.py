@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from shmvec.bench.output import write_study
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -120,8 +121,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     rows = run(args.total_steps, args.num_envs, args.seed)
     print(format_table(rows))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        write_study(args.json, rows)
     return rows
 
 

@@ -16,8 +16,6 @@ under the other cells of the report.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import time
 
@@ -25,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 import shmvec
+from shmvec.bench.output import write_study
 
 
 def policy(obs: np.ndarray) -> np.ndarray:
@@ -99,9 +98,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"  Ray / local (median of per-round ratios): {result['ray_over_local']:.2f}x  (target >= 0.80x)")
     print(f"  one step() call: local {step_us['local']:,.0f} us, through Ray {step_us['ray']:,.0f} us")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_study(args.json, result)
     return result
 
 

@@ -21,12 +21,11 @@ Meant for a machine with more cores than this project's 2-core VM (a lent machin
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-from pathlib import Path
 
 from shmvec.bench.measure import Timing
+from shmvec.bench.output import write_study
 from shmvec.bench.sweep import SweepConfig, SweepResult, run_sweep
 from shmvec.checks import usable_cores
 
@@ -122,9 +121,7 @@ def main(argv: list[str] | None = None) -> dict[int, SweepResult]:
     for line in failed:
         print(f"- failed: {line}")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({str(w): s.to_dict() for w, s in sweeps.items()}, indent=1))
+        write_study(args.json, {str(w): s.to_dict() for w, s in sweeps.items()})
     return sweeps
 
 

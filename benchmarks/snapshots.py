@@ -12,7 +12,6 @@ their extras are not installed.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -20,6 +19,7 @@ import time
 import numpy as np
 
 from shmvec import ShmVecEnv
+from shmvec.bench.output import write_study
 from shmvec.bench.workloads import get_workloads
 
 WORKLOADS = ("cartpole", "atari-pong", "mujoco-ant")
@@ -83,9 +83,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             f"(snapshot + restore = {row['round_trip_in_steps']:.1f} steps), {row['state_kb_per_env']:.0f} KB per env"
         )
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"config": vars(args), "rows": {r["workload"]: r for r in rows}}, f, indent=1)
+        write_study(args.json, {"config": vars(args), "rows": {r["workload"]: r for r in rows}})
     return rows
 
 

@@ -26,7 +26,6 @@ the figures docs/gae.md quotes are also written to ``PATH``::
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
@@ -35,6 +34,7 @@ import pytest
 from numba import njit
 
 from shmvec.advantage import gae
+from shmvec.bench.output import write_study
 
 SIZES = [(128, 8), (2048, 64), (128, 4096), (1024, 1024)]
 IDS = [f"{T}x{N}" for T, N in SIZES]
@@ -286,6 +286,4 @@ def _print_table(write):
             f"{m['copy_bound'] * 1e6:.1f} us (shmvec/copy {ours / m['copy_bound']:.2f})"
         )
     if os.environ.get("SHMVEC_GAE_JSON"):
-        with open(os.environ["SHMVEC_GAE_JSON"], "w") as f:
-            json.dump(figures, f, indent=1)
-            f.write("\n")
+        write_study(os.environ["SHMVEC_GAE_JSON"], figures)

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shmvec.bench.plots import plots_unavailable, write_plots
 from shmvec.bench.report import render_markdown, write_json
 from shmvec.bench.sweep import SweepResult
 
-__all__ = ["BEGIN", "END", "ResultFiles", "docs_block", "update_docs", "write_results"]
+__all__ = ["BEGIN", "END", "ResultFiles", "docs_block", "update_docs", "write_results", "write_study"]
 
 BEGIN = "<!-- latest-results:begin (written by `shmvec bench --write-docs`; edits here are overwritten) -->"
 END = "<!-- latest-results:end -->"
@@ -130,6 +132,16 @@ def _update_figures(sweep: SweepResult, docs_path: Path) -> None:
         new = rewrite(text, sweep, root)
         if new != text:
             page.write_text(new)
+
+
+def write_study(path: str | Path, data: Any) -> Path:
+    """Write a study's figures (a ``benchmarks/*.py --json`` file, the kind the docs' ``in FILE``
+    figures read) as JSON, making its folder.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
 
 
 def relpath(path: Path) -> str:
