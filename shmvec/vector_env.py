@@ -577,10 +577,7 @@ class ShmVecEnv(VectorEnv):
         self._guard("get_state", sync=False)
         ids = checkpoint.env_ids(env_ids, self.num_envs, "get_state")
         groups = checkpoint.by_block(ids, self._pool.blocks)
-        payloads: list[Any] = [None] * self.num_blocks
-        for block, members in groups.items():
-            payloads[block] = [i - self._pool.blocks[block].start for i in members]
-        replies = self._state_round(Command.GET_STATE, payloads, list(groups), "get_state")
+        replies = self._state_round(Command.GET_STATE, groups, lambda i, offset: offset, "get_state")
         obs = self._current_obs
         found = {}
         for block, members in groups.items():
@@ -608,18 +605,16 @@ class ShmVecEnv(VectorEnv):
         states = checkpoint.check_states(states, ids, home)
         groups = checkpoint.by_block(ids, self._pool.blocks)
         by_id = dict(zip(ids, states))
-        payloads: list[Any] = [None] * self.num_blocks
-        for block, members in groups.items():
-            start = self._pool.blocks[block].start
-            payloads[block] = [
-                (i - start, (s.snapshot, s.autoreset, s.episode_return, s.episode_length))
-                for i, s in ((i, by_id[i]) for i in members)
-            ]
+
+        def record(i: int, offset: int) -> tuple:
+            s = by_id[i]
+            return offset, (s.snapshot, s.autoreset, s.episode_return, s.episode_length)
+
         if self._current_obs is not home:  # a rollout left the latest observations in its storage
             for dst, src in zip(home, self._current_obs):
                 dst[...] = src
             self._current_obs = home
-        self._state_round(Command.SET_STATE, payloads, list(groups), "set_state")
+        self._state_round(Command.SET_STATE, groups, record, "set_state")
         for i, state in by_id.items():
             for dst, saved in zip(home, state.obs):
                 dst[i : i + 1] = saved
@@ -629,10 +624,18 @@ class ShmVecEnv(VectorEnv):
         contiguous = bool(len(ids)) and ids == list(range(ids[0], ids[0] + len(ids)))
         return self._results.batch(slice(ids[0], ids[-1] + 1) if contiguous else rows, contiguous, self.copy)[0]
 
-    def _state_round(self, cmd: int, payloads: list, blocks: list[int], method: str) -> list:
-        """A GET_STATE or SET_STATE round on ``blocks``, which must not be in flight; a
+    def _state_round(
+        self, cmd: int, groups: dict[int, list[int]], item: Callable[[int, int], Any], method: str
+    ) -> list:
+        """A GET_STATE or SET_STATE round on the blocks of ``groups`` (``{block: env ids}``, none
+        in flight): each block's payload holds ``item(env id, offset in the block)`` per env. A
         :class:`SnapshotError` in a block is raised as itself.
         """
+        blocks = list(groups)
+        payloads: list[Any] = [None] * self.num_blocks
+        for block, members in groups.items():
+            start = self._pool.blocks[block].start
+            payloads[block] = [item(i, i - start) for i in members]
         busy = [self._pool.blocks[b] for b in blocks if self._block_states[b] is _IN_FLIGHT]
         if busy:
             raise ValueError(
