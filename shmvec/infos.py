@@ -154,10 +154,15 @@ class InfoMerger:
         """
         reports = {env: (final_info, info) for block in replies if block for env, final_info, info in block}
         reader = self.columns if with_columns else None
-        if reader is not None and not (reports or same_step or len(restarted)) and ids is None:
-            every = reader.every_env()  # the usual MuJoCo or ALE step: each env wrote each key
-            if every is not None:
-                return every
+        if not reports and not len(restarted):
+            # A step in which no env reported ended no episode under SAME_STEP either (an env
+            # that ends one always reports its final info): only the columns can have news.
+            if reader is None:
+                return {}  # the usual step of an env without infos
+            if ids is None:
+                every = reader.every_env()  # the usual MuJoCo or ALE step: each env wrote each key
+                if every is not None:
+                    return every
         written: list[int] = []  # the column keys some env of the batch wrote
         if reader is not None:
             seen = reader.seen(ids, restarted)
@@ -167,8 +172,8 @@ class InfoMerger:
                 for k in [k for k in written if reader.keys[k] in replied]:
                     reader.fold(k, seen, ids, reports)  # merged whole by the reply path below
                     written.remove(k)
-        if not (reports or same_step or restarted or written):
-            return {}  # the usual step: nothing to say
+        if not (reports or restarted or written):
+            return {}
         terms, truncs = out.terminations, out.truncations
         if ids is None:
             size, pos = self.num_envs, None

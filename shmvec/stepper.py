@@ -319,7 +319,7 @@ class Stepper:
                         ended.append(j)
                         if same_step:
                             self._write_obs(out.final_obs, j, o)
-                            final_info = info
+                            final_info = {} if info is None else info  # always reported: see InfoMerger.merge
                             o, info = env.reset()
                 if gather:
                     gathered[j] = o
