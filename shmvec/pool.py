@@ -33,7 +33,7 @@ from shmvec.processes import WorkerProcesses, raise_construct_failure
 from shmvec.protocol import DONE, Command, Status
 from shmvec.segment import Segment
 from shmvec.stepper import Stepper, build_envs
-from shmvec.sync import SpinPolicy, block_until, fence, ring, spin_until
+from shmvec.sync import block_until, fence, ring, spin_policies, spin_until
 
 # Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
 SENTINEL_CHECK_S = 0.02
@@ -135,6 +135,8 @@ class WorkerPool:
         number of cores (spinning only where the spinner has a core of its own).
     worker_threads : int or None
         Thread pools of the libraries in each worker process (see :mod:`shmvec.threads`).
+    asynchronous : bool
+        Whether the caller collects asynchronously (batches of some blocks), for the spin policy.
     """
 
     def __init__(
@@ -147,6 +149,7 @@ class WorkerPool:
         timeout: float | None,
         spin_us: float | None = None,
         worker_threads: int | None = 1,
+        asynchronous: bool = False,
     ) -> None:
         self.num_envs = len(env_fns)
         num_blocks = num_workers + (1 if step_in_main else 0)
@@ -158,23 +161,9 @@ class WorkerPool:
         self.autoreset_mode = autoreset_mode
         self.state = PoolState.OPEN
 
-        # Spinning pays only for a waiter with a core of its own. Workers wait for GO while
-        # main is between steps (or, stepping a block itself, busy as they are). Main waits for
-        # DONE while the blocks run: with a core of its own it spins long; sharing the cores
-        # with as many workers as cores (every env in a worker, the default) it spins briefly,
-        # yielding its core every few polls, which catches a cheap step's round trip without a
-        # kernel wake-up (docs/architecture.md has the measurements behind these budgets).
-        cores = usable_cores()
-        worker_spin = 2000.0 if num_blocks <= cores else 0.0
-        if num_workers + 1 <= cores:
-            main_spin = 2000.0
-        else:
-            main_spin = 150.0 if num_blocks <= cores else 0.0
-        if spin_us is not None:
-            worker_spin = main_spin = float(spin_us)
-        oversubscribed = num_workers + 1 > cores
-        self._worker_spin = SpinPolicy(worker_spin * 1e-6, min(50e-6, worker_spin * 1e-6), oversubscribed)
-        self._wait_policy = SpinPolicy(main_spin * 1e-6, min(50e-6, main_spin * 1e-6), oversubscribed)
+        self._worker_spin, self._wait_policy = spin_policies(
+            num_workers, num_blocks, usable_cores(), spin_us, asynchronous
+        )
         self._next_sentinel_check = 0.0
 
         # Filled in by the set-up below.

@@ -76,6 +76,43 @@ class SpinPolicy:
         self.budget = self.max_spin if waited <= self.max_spin else self.min_spin
 
 
+def spin_policies(
+    num_workers: int, num_blocks: int, cores: int, spin_us: float | None = None, asynchronous: bool = False
+) -> tuple[SpinPolicy, SpinPolicy]:
+    """The ``(worker, main)`` spin policies of a pool, from its processes and the usable cores.
+
+    Workers wait for GO while main is between steps (or, stepping a block itself, busy as they
+    are), main for DONE while the blocks run. Where the blocks fit the cores, both spin up to
+    2000 us, except main when it shares the cores with exactly as many worker blocks as cores
+    (every env in a worker, the default): 150 us, which catches a cheap step's round trip
+    without a kernel wake-up and leaves the workers their cores.
+
+    With more blocks than cores, synchronous rounds of worker blocks still spin 2000 us: a
+    spinner then yields its core every 4 polls rather than 16, handing it to a working process
+    within microseconds, which beats blocking, whose wake-ups queue up behind each other.
+    ``asynchronous`` collection (``batch_size < num_envs``) or a block in the calling process
+    never spins there: a spinning process would take the core of one with work, and the blocks
+    that get fewer turns would come back ever more rarely.
+
+    ``docs/architecture.md`` has the measurements behind these budgets. ``spin_us`` (the
+    ``ShmVecEnv`` option) sets both budgets.
+    """
+    if num_blocks <= cores:
+        worker_spin = 2000.0
+        main_spin = 150.0 if num_workers + 1 > cores and num_blocks == cores else 2000.0
+    elif asynchronous or num_blocks > num_workers:
+        worker_spin = main_spin = 0.0
+    else:
+        worker_spin = main_spin = 2000.0
+    if spin_us is not None:
+        worker_spin = main_spin = float(spin_us)
+    oversubscribed = num_workers + 1 > cores
+    return (
+        SpinPolicy(worker_spin * 1e-6, min(50e-6, worker_spin * 1e-6), oversubscribed),
+        SpinPolicy(main_spin * 1e-6, min(50e-6, main_spin * 1e-6), oversubscribed),
+    )
+
+
 def spin_until(done: Callable[[], bool], policy: SpinPolicy) -> bool:
     """Spin on ``done()`` for at most the policy's budget; return whether it became true."""
     if done():

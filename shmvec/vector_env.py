@@ -116,11 +116,12 @@ class ShmVecEnv(VectorEnv):
         reset returns a NaN or infinite reward or floating-point observation. Costs one
         ``isfinite`` pass over the batch per step. The vector env stays usable.
     spin_us : float, optional
-        Microseconds a wait spins before it blocks. Default: workers spin 2000 when the blocks
-        are no more than the cores, else 0; the calling process spins 2000 when worker processes
-        + 1 <= cores, 150 when it shares the cores with as many workers as cores (the default
-        layout on a small machine: a short spin catches a cheap step without a kernel
-        wake-up), else 0. Given, it applies to both sides.
+        Microseconds a wait spins before it blocks. Default: 2000 for the workers and the
+        calling process, except 150 for the calling process when it shares the cores with as
+        many worker blocks as cores (the default layout: a short spin catches a cheap step
+        without a kernel wake-up). Where the processes outnumber the cores, spinners yield
+        their core every few polls; with more blocks than cores, asynchronous collection and a
+        block in the calling process do not spin. Given, it applies to both sides.
     worker_threads : int or None, default 1
         Threads each worker process lets OpenCV, torch, numba and BLAS use (set before the envs
         are built, and again once they are): a worker steps its envs one after the other, and
@@ -181,6 +182,7 @@ class ShmVecEnv(VectorEnv):
             timeout,
             spin_us,
             self.worker_threads,
+            asynchronous=self.batch_size < self.num_envs,
         )
         self._finalizer = weakref.finalize(self, self._pool.shutdown)
         # Closes this env when the code it guards raises (a weak reference: no cycle keeps

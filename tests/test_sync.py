@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from shmvec.protocol import SLEEPING
-from shmvec.sync import SpinPolicy, block_until, drain, fence, ring, spin_until
+from shmvec.sync import SpinPolicy, block_until, drain, fence, ring, spin_policies, spin_until
 
 # Words of the control line other than SLEEPING get these values; block_until must not touch them.
 OTHER_WORDS = {i: 100 + i for i in range(8) if i != SLEEPING}
@@ -432,3 +432,49 @@ def test_block_until_without_timeout_returns_when_done(line, pipe):
     finally:
         _join(t)
     _assert_line_after(line)
+
+
+# --- the pool's spin rule -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+@pytest.mark.parametrize("cores", [1, 2, 3, 4, 16, 64])
+def test_spin_policies_by_processes_and_cores(cores, asynchronous):
+    for num_workers in range(0, 2 * cores + 2):
+        for main_block in (0, 1):
+            blocks = num_workers + main_block
+            if blocks == 0:
+                continue
+            worker, main = spin_policies(num_workers, blocks, cores, asynchronous=asynchronous)
+            where = (cores, num_workers, main_block, asynchronous)
+            if num_workers + 1 > cores:  # workers and caller outnumber the cores: spinners yield often
+                assert worker.yield_every == main.yield_every == 4, where
+            else:
+                assert worker.yield_every == main.yield_every == 16, where
+            if blocks > cores and (asynchronous or main_block):
+                # Every process has work, or blocks would starve for turns: nobody spins.
+                assert worker.max_spin == main.max_spin == 0.0, where
+                continue
+            assert worker.max_spin == pytest.approx(2e-3), where
+            # The caller spins briefly only beside exactly as many worker blocks as cores.
+            brief = num_workers + 1 > cores and blocks == cores
+            assert main.max_spin == pytest.approx(150e-6 if brief else 2e-3), where
+
+
+def test_spin_policies_spin_us_sets_both():
+    worker, main = spin_policies(8, 8, 2, spin_us=300.0)
+    assert worker.max_spin == main.max_spin == pytest.approx(300e-6)
+    worker, main = spin_policies(1, 1, 16, spin_us=0.0)
+    assert worker.max_spin == main.max_spin == 0.0
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3])
+def test_default_workers_never_exceed_the_cores(monkeypatch, cores):
+    import shmvec
+    import shmvec.vector_env
+
+    monkeypatch.setattr(shmvec.vector_env, "usable_cores", lambda: cores)
+    with shmvec.make("CartPole-v1", num_envs=5) as envs:
+        assert envs.num_workers == min(cores, 5) and len(envs.worker_pids) == envs.num_workers
+    with shmvec.make("CartPole-v1", num_envs=5, step_in_main=True) as envs:
+        assert envs.num_workers == cores - 1 and envs.num_blocks == cores
