@@ -87,12 +87,11 @@ def spin_policies(
     (every env in a worker, the default): 150 us, which catches a cheap step's round trip
     without a kernel wake-up and leaves the workers their cores.
 
-    With more blocks than cores, synchronous rounds of worker blocks still spin 2000 us: a
-    spinner then yields its core every 4 polls rather than 16, handing it to a working process
-    within microseconds, which beats blocking, whose wake-ups queue up behind each other.
-    ``asynchronous`` collection (``batch_size < num_envs``) or a block in the calling process
-    never spins there: a spinning process would take the core of one with work, and the blocks
-    that get fewer turns would come back ever more rarely.
+    With more blocks than cores, synchronous rounds still spin 2000 us: a spinner then yields
+    its core every 4 polls rather than 16, handing it to a working process within
+    microseconds, which beats blocking, whose wake-ups queue up behind each other.
+    ``asynchronous`` collection (``batch_size < num_envs``) never spins there: the blocks that
+    get fewer turns would come back ever more rarely, as spinners took the cores they need.
 
     ``docs/architecture.md`` has the measurements behind these budgets. ``spin_us`` (the
     ``ShmVecEnv`` option) sets both budgets.
@@ -100,7 +99,7 @@ def spin_policies(
     if num_blocks <= cores:
         worker_spin = 2000.0
         main_spin = 150.0 if num_workers + 1 > cores and num_blocks == cores else 2000.0
-    elif asynchronous or num_blocks > num_workers:
+    elif asynchronous:
         worker_spin = main_spin = 0.0
     else:
         worker_spin = main_spin = 2000.0

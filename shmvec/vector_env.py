@@ -120,8 +120,8 @@ class ShmVecEnv(VectorEnv):
         calling process, except 150 for the calling process when it shares the cores with as
         many worker blocks as cores (the default layout: a short spin catches a cheap step
         without a kernel wake-up). Where the processes outnumber the cores, spinners yield
-        their core every few polls; with more blocks than cores, asynchronous collection and a
-        block in the calling process do not spin. Given, it applies to both sides.
+        their core every few polls; with more blocks than cores, asynchronous collection does
+        not spin. Given, it applies to both sides.
     worker_threads : int or None, default 1
         Threads each worker process lets OpenCV, torch, numba and BLAS use (set before the envs
         are built, and again once they are): a worker steps its envs one after the other, and
