@@ -519,10 +519,11 @@ def test_tune_measures_a_grid_and_prints_code():
     result = tune(small_env, num_envs=2, workers=[1, 2], seconds=0.01, repeats=1, warmup=0.0, progress=False,
                   probe=False)
     cands = [c for c, _ in result.rows]
-    assert Candidate(2, 1) in cands and Candidate(2, 2, False, 0) in cands
+    assert Candidate(2, 1) in cands and Candidate(2, 2, False, 0) in cands and Candidate(2, 2, True) in cands
     assert Candidate(2, 1, True, 0) not in cands  # no worker process: spin_us changes nothing
     assert all(r.ok for _, r in result.rows) and result.serial[2].ok
-    assert result.best in cands
+    assert result.best in cands and not result.best.step_in_main  # isolation first
+    assert result.best_in_main in cands and result.best_in_main.step_in_main
     code = result.code()
     assert code.startswith("import shmvec\n\nenvs = shmvec.ShmVecEnv([make_env] * 2, num_workers=")
     # The printed code builds exactly the configuration that was measured (the engine that
@@ -537,7 +538,8 @@ def test_tune_measures_a_grid_and_prints_code():
     assert built == {**result.best.kwargs(), "num_envs": 2}
     assert built["step_in_main"] == result.best.step_in_main
     summary = result.summary()
-    assert "| num_envs | num_workers |" in summary and "Fastest:" in summary and "```python" in summary
+    assert "| num_envs | num_workers |" in summary and "Fastest with every env in a worker:" in summary
+    assert "```python" in summary
 
 
 def test_tune_code_for_ids():
@@ -551,6 +553,24 @@ def test_tune_code_for_ids():
     assert "Warning: Parallel capacity: CPU-bound work in 2 processes ran 1.10x" in res.summary()
     assert res.code() == ('import shmvec\n\nenvs = shmvec.make("shmvec.envs:shmvec/AtariLike-v0", num_envs=64, '
                           "num_workers=3, step_in_main=False, spin_us=0, env_kwargs={'step_us': 5})")
+    assert "stepping a block itself" not in res.summary()  # no step_in_main configuration ran
+
+
+def test_tune_recommends_every_env_in_a_worker_and_names_the_faster_opt_in():
+    def run(rate):
+        return RunResult("w", 16, "shmvec", "ok", steps_per_s=rate)
+
+    rows = [(Candidate(16, 2), run(100.0)), (Candidate(16, 2, True), run(150.0)), (Candidate(16, 1), run(80.0))]
+    res = TuneResult("CartPole-v1", "CartPole-v1", True, rows)
+    assert res.best == Candidate(16, 2) and res.best_in_main == Candidate(16, 2, True)
+    summary = res.summary()
+    assert "Fastest with every env in a worker: 100 steps/s with num_envs=16, num_workers=2, step_in_main=False" in summary
+    assert "stepping a block itself: 150 steps/s (50% more)" in summary and "num_workers=1, step_in_main=True" in summary
+    assert "takes your process with it" in summary
+    assert "num_workers=2, step_in_main=False" in res.code()
+    # Slower in main: not mentioned.
+    rows[1] = (Candidate(16, 2, True), run(90.0))
+    assert "stepping a block itself" not in TuneResult("CartPole-v1", "CartPole-v1", True, rows).summary()
 
 
 # -- command line -----------------------------------------------------------------------------------

@@ -4,6 +4,10 @@ The grid: ``num_workers`` (1, powers of two up to the usable cores, the cores, t
 x ``step_in_main`` (True/False) x ``spin_us`` (automatic/0). Without a fixed ``num_envs`` it
 first sweeps ``envs_per_worker`` at the default options, then tries the options on the best.
 About a minute in all: short windows, few repeats.
+
+Isolation first: the configuration it recommends keeps every env in a worker process (an env
+that crashes or hangs cannot take the caller down). Where ``step_in_main=True`` (the opt-in
+speed mode) is faster, the summary says by how much and what it gives up.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class Candidate:
 
     num_envs: int
     num_workers: int
-    step_in_main: bool = True
+    step_in_main: bool = False
     spin_us: float | None = None
 
     @property
@@ -76,7 +80,8 @@ def worker_choices(cores: int, num_envs: int | None = None) -> list[int]:
 
 @dataclass
 class TuneResult:
-    """What :func:`tune` measured; ``best`` is the fastest configuration."""
+    """What :func:`tune` measured; ``best`` is the fastest configuration with every env in a
+    worker, ``best_in_main`` the fastest with ``step_in_main=True``."""
 
     env_name: str
     env_ref: str  # how the ready-to-paste code names the env
@@ -89,7 +94,16 @@ class TuneResult:
 
     @property
     def best(self) -> Candidate | None:
-        ok = [(r.steps_per_s, c) for c, r in self.rows if r.ok and r.steps_per_s]
+        """The fastest configuration that keeps every env in a worker process (``None``: none ran)."""
+        return self._fastest(in_main=False)
+
+    @property
+    def best_in_main(self) -> Candidate | None:
+        """The fastest configuration in which the calling process steps a block itself."""
+        return self._fastest(in_main=True)
+
+    def _fastest(self, in_main: bool) -> Candidate | None:
+        ok = [(r.steps_per_s, c) for c, r in self.rows if r.ok and r.steps_per_s and c.step_in_main == in_main]
         return max(ok, key=lambda t: t[0])[1] if ok else None
 
     def rate(self, cand: Candidate) -> float | None:
@@ -136,7 +150,7 @@ class TuneResult:
         return markdown_table(header, "rrrllrr", rows)
 
     def code(self) -> str:
-        """The fastest configuration as code to paste."""
+        """The recommended configuration (:attr:`best`) as code to paste."""
         best = self.best
         if best is None:
             return "# no configuration ran successfully"
@@ -168,10 +182,20 @@ class TuneResult:
             return "\n".join(lines)
         best_rate = self.rate(best) or 0.0
         lines.append(
-            f"Fastest: {format_rate(best_rate)} steps/s with num_envs={best.num_envs}, "
+            f"Fastest with every env in a worker: {format_rate(best_rate)} steps/s with num_envs={best.num_envs}, "
             + ", ".join(f"{k}={v}" for k, v in best.kwargs().items())
         )
-        default = Candidate(best.num_envs, min(usable_cores(), best.num_envs), step_in_main=False)
+        in_main = self.best_in_main
+        main_rate = self.rate(in_main) if in_main is not None else None
+        if in_main is not None and main_rate is not None and main_rate > best_rate:
+            lines.append(
+                f"With your process stepping a block itself: {format_rate(main_rate)} steps/s "
+                f"({100 * (main_rate / best_rate - 1):.0f}% more) with num_envs={in_main.num_envs}, "
+                + ", ".join(f"{k}={v}" for k, v in in_main.kwargs().items())
+                + ". An env of that block that crashes or hangs takes your process with it: opt in only "
+                "for envs you trust."
+            )
+        default = Candidate(best.num_envs, min(usable_cores(), best.num_envs))
         d = self.rate(default)
         if d is not None and default != best:
             lines.append(
@@ -197,7 +221,7 @@ def _grid(num_envs: int | None, workers: list[int]) -> list[Candidate]:
                 for spin in (None, 0):
                     if step_in_main and w == 1 and spin is not None:
                         continue  # no worker process: nothing waits, spin_us changes nothing
-                    if num_envs is None and (not step_in_main or spin is not None):
+                    if num_envs is None and (step_in_main or spin is not None):
                         continue  # options are tried later, on the best size only
                     out.append(Candidate(n, w, step_in_main, spin))
     return out
@@ -240,8 +264,9 @@ def tune(
     Returns
     -------
     TuneResult
-        ``.best`` is the fastest :class:`Candidate`, ``.summary()`` the printed report,
-        ``.code()`` the configuration as code.
+        ``.best`` is the fastest :class:`Candidate` with every env in a worker (what it
+        recommends), ``.best_in_main`` the fastest with ``step_in_main``, ``.summary()`` the
+        printed report, ``.code()`` the recommended configuration as code.
 
     Examples
     --------
@@ -308,7 +333,7 @@ def tune(
             Candidate(b.num_envs, b.num_workers, sim, spin)
             for sim in (True, False)
             for spin in (None, 0)
-            if (sim, spin) != (True, None) and not (sim and b.num_workers == 1)
+            if (sim, spin) != (False, None) and not (sim and b.num_workers == 1 and spin is not None)
         ]
         run(extra, [], bar)
     bar.finish()
