@@ -5,6 +5,8 @@
 # as wheels in .whl/. Results and logs go to $OUT (default results/device). STEPS picks the parts
 # (default: "tests gpu scaling_cartpole scaling_real"); REAL_ENVS and REAL_WORKERS size the real-env table
 # (64 envs: the size #28's targets name, sync and async, with the workers' thread pools capped).
+# 15 workers beside 16: whether leaving the calling process a core beats a worker per core there
+# (15 does not divide the sizes, so that row has no async cell).
 set -u
 OUT=${OUT:-results/device}
 mkdir -p "$OUT"
@@ -26,9 +28,9 @@ want() { [[ " ${STEPS:-tests gpu scaling_cartpole scaling_real} " == *" $1 "* ]]
 want tests && step tests 110 python3 -m pytest -q -p no:cacheprovider -x tests/test_torch.py tests/test_docstrings.py
 want gpu && step gpu 140 python3 benchmarks/gpu.py --workloads ${GPU_WORKLOADS:-atari-like,atari-pong} --num-envs ${GPU_ENVS:-128} --steps 100 --rounds 5 \
     --json "$OUT/gpu.json"
-want scaling_cartpole && step scaling_cartpole 130 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,2,4,8,16 \
+want scaling_cartpole && step scaling_cartpole 130 python3 benchmarks/scaling.py --workloads cartpole --num-envs 256 --workers 1,4,8,15,16 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_cartpole.json"
 want scaling_real && step scaling_real 230 python3 benchmarks/scaling.py --workloads atari-pong,mujoco-ant \
-    --num-envs ${REAL_ENVS:-64} --engines split-serial,shmvec,shmvec-async,gym-async-shm --workers ${REAL_WORKERS:-4,16} \
+    --num-envs ${REAL_ENVS:-64} --engines split-serial,shmvec,shmvec-async,gym-async-shm --workers ${REAL_WORKERS:-15,16} \
     --max-procs 70 \
     --seconds 0.5 --repeats 3 --json "$OUT/scaling_real.json"

@@ -671,8 +671,13 @@ def test_scaling_script_runs_each_worker_count(capsys):
     assert "# shmvec scaling: 4 envs" in out and "# shmvec scaling: 8 envs" in out
     rows = [line for line in out.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
     assert len(rows) == 4 and rows[0].count("x |") >= 4 and "| - |" in rows[0]
+    # A count that does not divide the sizes runs every engine but async (which needs equal blocks).
+    sweeps = scaling.main(["--workers", "3", "--num-envs", "4", "--seconds", "0.01", "--repeats", "1",
+                           "--workloads", "cartpole", "--engines", "split-serial,shmvec,shmvec-async"])
+    assert sweeps[3].get("cartpole", 4, "shmvec").ok and sweeps[3].get("cartpole", 4, "shmvec-async") is None
+    assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 |")][0].endswith("| - |")
     with pytest.raises(SystemExit):
-        scaling.main(["--workers", "3", "--num-envs", "4"])  # 3 does not divide 4
+        scaling.main(["--workers", "0", "--num-envs", "4"])
 
 
 def test_split_serial_steps_blocks_in_processes_and_closes():
