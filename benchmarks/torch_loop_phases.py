@@ -1,6 +1,6 @@
 """Where a small vector's time goes in a torch loop: the policy's forward pass and the step, apart.
 
-    .venv/bin/python benchmarks/torch_loop_phases.py --num-envs 4,8 --json results/torch_loop_phases.json
+    .venv/bin/python benchmarks/torch_loop_phases.py --num-envs 4,8,32 --json results/torch_loop_phases.json
 
 The rollout half of ``examples/ppo_cartpole.py`` (its agent, 1 torch thread, an action sampled
 from the policy before every step), on ``SyncVectorEnv``, on shmvec's defaults (a worker per
@@ -79,7 +79,7 @@ def measure(num_envs: int, steps: int, rounds: int, cores: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-envs", default="4,8")
+    parser.add_argument("--num-envs", default="4,8,32")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--json", default=None)

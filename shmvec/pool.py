@@ -131,8 +131,8 @@ class WorkerPool:
     timeout : float or None
         Seconds a command may take (construction too) before :class:`StepTimeout`.
     spin_us : float or None
-        Spin budget of a wait, in microseconds, before it blocks; ``None`` picks one from the
-        number of cores (spinning only where the spinner has a core of its own).
+        Spin budget of a wait, in microseconds, before it blocks; ``None`` lets
+        :func:`shmvec.sync.spin_policies` pick it from the processes and the cores.
     worker_threads : int or None
         Thread pools of the libraries in each worker process (see :mod:`shmvec.threads`).
     asynchronous : bool

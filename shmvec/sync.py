@@ -2,8 +2,9 @@
 
 Why this shape (figures in ``docs/architecture.md``): on a small VM a kernel wake-up (pipe,
 semaphore, eventfd) costs 30-60 us one way, while a spin on a shared word sees a change in
-well under a microsecond. Spinning only pays while the spinner has a core of its own, so every
-wait spins for a bounded budget and then blocks on a pipe; the side that completes a wait
+well under a microsecond. Spinning pays while the spinner has a core of its own, or yields it
+often enough to a process with work, so every wait spins for a bounded budget (``spin_policies``)
+and then blocks on a pipe; the side that completes a wait
 writes a wake byte only when the waiter has announced (``SLEEPING``) that it is blocking.
 
 The announce/check handshake is Dekker's: each side stores its word, issues a full fence, then

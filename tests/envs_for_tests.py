@@ -310,3 +310,22 @@ class PidEnv(gym.Env):
 for _id, _entry in (("shmvec-tests/Faulty-v0", FaultyEnv), ("shmvec-tests/Pid-v0", PidEnv)):
     if _id not in gym.registry:
         gym.register(id=_id, entry_point=_entry)
+
+
+class NoneInfoEnv(gym.Env):
+    """Counts its steps in its observation and ends an episode every ``length`` steps; its
+    ``step`` returns ``None`` for the info (not Gymnasium's API, but an env may)."""
+
+    def __init__(self, length: int = 3) -> None:
+        self.observation_space = spaces.Box(0.0, np.inf, shape=(1,), dtype=np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.length, self.t = length, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t], np.float32), 1.0, self.t >= self.length, False, None

@@ -529,3 +529,28 @@ def test_make_takes_make_vecs_call_shape():
         shmvec.make("CartPole-v1", 2, gravity_x=3.0)
     with pytest.raises(ValueError, match="vectorization_mode='sync'"):
         shmvec.make("CartPole-v1", 2, vectorization_mode="sync")
+
+
+@pytest.mark.parametrize("step_in_main", [False, True])
+def test_an_env_whose_last_step_gives_no_info_still_gives_its_final_obs(step_in_main):
+    from envs_for_tests import NoneInfoEnv
+
+    with shmvec.ShmVecEnv([partial(NoneInfoEnv, 2), partial(NoneInfoEnv, 3)], num_workers=1,
+                          step_in_main=step_in_main, autoreset_mode=AutoresetMode.SAME_STEP) as envs:
+        envs.reset(seed=0)
+        _, _, terms, _, infos = envs.step(np.zeros(2, dtype=np.int64))
+        assert not terms.any() and infos == {}
+        obs, _, terms, _, infos = envs.step(np.zeros(2, dtype=np.int64))  # env 0 ends its episode
+        assert terms.tolist() == [True, False] and obs[0, 0] == 0.0
+        assert infos["_final_obs"].tolist() == [True, False] and infos["final_obs"][0].tolist() == [2.0]
+        assert infos["final_info"] == {} and infos["_final_info"].tolist() == [True, False]
+
+
+def test_asynchronous_collection_blocks_where_the_blocks_outnumber_the_cores(monkeypatch):
+    import shmvec.pool
+
+    monkeypatch.setattr(shmvec.pool, "usable_cores", lambda: 1)
+    with shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2) as envs:
+        assert envs._pool._wait_policy.max_spin == 0.0  # spinners would starve blocks of turns
+    with shmvec.make("CartPole-v1", num_envs=4, num_workers=2) as envs:
+        assert envs._pool._wait_policy.max_spin > 0.0  # synchronous rounds spin and yield

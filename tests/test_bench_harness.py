@@ -556,6 +556,16 @@ def test_tune_code_for_ids():
     assert "stepping a block itself" not in res.summary()  # no step_in_main configuration ran
 
 
+def test_tune_sweeps_sizes_isolated_then_tries_the_options_on_the_best():
+    from shmvec.bench.tuning import _grid, _options
+
+    first = _grid(None, [1, 2])
+    assert first and all(not c.step_in_main and c.spin_us is None for c in first)
+    assert sorted({c.num_envs for c in first}) == [4, 8, 16, 32, 64, 128]
+    assert _options(Candidate(32, 2)) == [Candidate(32, 2, True), Candidate(32, 2, True, 0), Candidate(32, 2, False, 0)]
+    assert _options(Candidate(16, 1)) == [Candidate(16, 1, True), Candidate(16, 1, False, 0)]
+
+
 def test_tune_recommends_every_env_in_a_worker_and_names_the_faster_opt_in():
     def run(rate):
         return RunResult("w", 16, "shmvec", "ok", steps_per_s=rate)

@@ -227,6 +227,18 @@ def _grid(num_envs: int | None, workers: list[int]) -> list[Candidate]:
     return out
 
 
+def _options(best: Candidate) -> list[Candidate]:
+    """The other options at ``best``'s size and blocks, once the sweep over sizes (every env in a
+    worker, automatic spin) has picked it."""
+    return [
+        Candidate(best.num_envs, best.num_workers, step_in_main, spin)
+        for step_in_main in (True, False)
+        for spin in (None, 0)
+        if (step_in_main, spin) != (False, None)
+        and not (step_in_main and best.num_workers == 1 and spin is not None)  # no worker: spin_us idle
+    ]
+
+
 def tune(
     env: str | Callable[[], gym.Env],
     num_envs: int | None = None,
@@ -240,7 +252,8 @@ def tune(
     stream: TextIO | None = None,
     probe: bool = True,
 ) -> TuneResult:
-    """Find the fastest shmvec configuration for ``env`` on this machine.
+    """Find the fastest shmvec configuration for ``env`` on this machine: with every env in a
+    worker (recommended), and with the calling process stepping a block (``step_in_main``).
 
     Parameters
     ----------
@@ -320,7 +333,7 @@ def tune(
 
     first = _grid(num_envs, workers)
     sizes = sorted({c.num_envs for c in first})
-    second_count = 3 if num_envs is None else 0
+    second_count = 3 if num_envs is None else 0  # at most: _options of the best size
     per = timing.estimate() + 0.3
     bar = Progress([per] * (len(first) + len(sizes) + second_count), stream=stream, enabled=progress)
     if probe:
@@ -328,13 +341,6 @@ def tune(
         result.scaling = parallel_scaling(cores)["speedup"]
     run(first, sizes, bar)
     if num_envs is None and result.best is not None:
-        b = result.best
-        extra = [
-            Candidate(b.num_envs, b.num_workers, sim, spin)
-            for sim in (True, False)
-            for spin in (None, 0)
-            if (sim, spin) != (False, None) and not (sim and b.num_workers == 1 and spin is not None)
-        ]
-        run(extra, [], bar)
+        run(_options(result.best), [], bar)
     bar.finish()
     return result
