@@ -132,6 +132,7 @@ class WorkerProcesses:
     def ready(self, block: int, deadline: float | None) -> None:
         """Wait for worker ``block`` to confirm that it mapped the segment."""
         msg = self.recv(block, deadline, "attach")
+        raise_construct_failure(msg)
         if not isinstance(msg, P.Ready):
             raise RuntimeError(f"worker {block} answered {msg!r} to attach")
 
@@ -166,6 +167,8 @@ class WorkerProcesses:
                     return conn.recv()
                 except EOFError:
                     pass
+                except Exception as exc:  # sent, but this process cannot unpickle it (a module it lacks)
+                    raise self.unreadable(block, phase, exc) from exc
             if proc.sentinel in ready or not proc.is_alive():
                 raise self.died(block, phase)
 
@@ -182,6 +185,13 @@ class WorkerProcesses:
                 'create vector envs under `if __name__ == "__main__":` (the worker\'s error is on stderr)'
             )
         return WorkerDied(block, proc.exitcode, self.block_envs[block], hint)
+
+    def unreadable(self, block: int, phase: str, exc: Exception) -> WorkerError:
+        """Stop worker ``block``, whose message during ``phase`` this process cannot unpickle;
+        the failure to report (the error names the block's first env).
+        """
+        self.stop(block)
+        return WorkerError(P.error_report(exc, block, self.block_envs[block].start, f"{phase}, read by the caller"))
 
     def stop_overdue(self, block: int, phase: str, timeout: float | None) -> StepTimeout:
         """Kill worker ``block``, which overran ``timeout`` (``None``: a deadline of the set-up)

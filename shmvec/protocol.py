@@ -101,26 +101,59 @@ def phase(cmd: int) -> str:
     return member.phase if isinstance(member, Command) else str(cmd)
 
 
+def dumps(message: Any) -> bytes | memoryview:
+    """``message`` pickled for a pipe: as ``multiprocessing`` pickles it where it can, else by
+    cloudpickle, which carries what the standard pickle refuses (lambdas, local classes, as in a
+    wrapper's arguments). Both give a standard pickle stream that ``Connection.recv`` reads.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    try:
+        return ForkingPickler.dumps(message)
+    except Exception:
+        import cloudpickle
+
+        return cloudpickle.dumps(message)
+
+
+def carried(value: Any) -> Any:
+    """``value`` if :func:`dumps` can carry it, else its reduced form: the string
+    ``"<not picklable: repr(value)>"`` (an env's metadata holding a lock, say).
+    """
+    try:
+        dumps(value)
+    except Exception:
+        return f"<not picklable: {value!r}>"
+    return value
+
+
 # The handshake, over each worker's pipe, before any command round (see docs/architecture.md).
 class Spaces(NamedTuple):
-    """Worker -> main: its envs are built and share these spaces."""
+    """Worker -> main: its envs are built and share these spaces.
+
+    What the vector env reports as its own, as ``SyncVectorEnv`` does from its first env. The
+    env's ``spec`` is not part of it: a vector env's spec is not its first env's (Gymnasium's
+    vector envs leave it ``None`` too), and a wrapper's arguments in it may not pickle.
+    """
 
     observation_space: Any
     action_space: Any
     metadata: dict
     render_mode: str | None
-    spec: Any
 
     @classmethod
     def of(cls, env: Any) -> Spaces:
         """What ``env`` (the first of a block) reports."""
-        return cls(
-            env.observation_space,
-            env.action_space,
-            dict(env.metadata),
-            getattr(env, "render_mode", None),
-            getattr(env, "spec", None),
-        )
+        return cls(env.observation_space, env.action_space, dict(env.metadata), getattr(env, "render_mode", None))
+
+    def pickled(self) -> bytes | memoryview:
+        """The record pickled for the pipe; metadata values that cannot be pickled in their
+        :func:`carried` form. Raises if the spaces themselves cannot be pickled.
+        """
+        try:
+            return dumps(self)
+        except Exception:
+            return dumps(self._replace(metadata={key: carried(value) for key, value in self.metadata.items()}))
 
     def mismatch(self, env_index: int, expected: Spaces, expected_index: int) -> str | None:
         """Why env ``env_index``, which reported these spaces, cannot join env ``expected_index``,

@@ -61,7 +61,7 @@ _FIXED = {
 
 def _spaces(info: dict[str, Any]) -> Spaces:
     """The spaces an actor described, as the handshake record that compares them."""
-    return Spaces(info["single_observation_space"], info["single_action_space"], info["metadata"], None, None)
+    return Spaces(info["single_observation_space"], info["single_action_space"], info["metadata"], None)
 
 
 class EnvHost:

@@ -29,6 +29,7 @@ from shmvec.protocol import (
     Ready,
     Spaces,
     Status,
+    dumps,
     error_report,
     phase,
 )
@@ -88,36 +89,14 @@ def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
 
     import multiprocessing as mp
 
-    import cloudpickle
+    from shmvec.layout import control_lines
 
     stepper = None
     try:
-        try:
-            env_fns = cloudpickle.loads(env_fns_blob)
-        except BaseException as exc:  # a factory that cannot be rebuilt here (a module missing under spawn)
-            conn.send(ConstructError(error_report(exc, block, start, "construct")))
+        attached = _set_up(block, start, env_fns_blob, conn, threads)
+        if attached is None:
             return
-        envs = build_envs(env_fns, start, block)
-        if not isinstance(envs, list):
-            conn.send(envs)
-            return
-        cap_libraries(threads)  # the pools of what the envs imported, or the fork brought along
-        env0 = envs[0]
-        conn.send(Spaces.of(env0))
-        msg = conn.recv()
-        if not isinstance(msg, Attach):
-            for env in envs:
-                env.close()
-            return
-        layout, autoreset_mode, spin = msg
-        from multiprocessing.reduction import recv_handle
-
-        from shmvec.layout import control_lines
-        from shmvec.segment import map_fd
-
-        mm = map_fd(recv_handle(conn), layout.size)
-        views = layout.views(mm)
-        stepper = Stepper(envs, start, layout, views, autoreset_mode, env0.observation_space, env0.action_space)
+        stepper, views, (layout, _, spin) = attached
         conn.send(Ready())
         parent = mp.parent_process()
         _serve(
@@ -138,6 +117,59 @@ def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         if stepper is not None:
             del stepper
         conn.close()
+
+
+def _set_up(block: int, start: int, env_fns_blob: bytes, conn, threads: int | None) -> tuple | None:
+    """Build the envs, report their spaces, attach to the segment: the worker's side of the
+    handshake. Returns the block's stepper, the segment's views and main's :class:`Attach`, or
+    ``None`` when there is nothing to serve (main was told why, or went away).
+
+    Whatever fails here (a factory that cannot be rebuilt, an env's constructor, spaces that
+    cannot be pickled, mapping the segment) reaches main as a :class:`ConstructError` naming
+    the phase, with this process's traceback: never only as an exit code.
+    """
+    import cloudpickle
+
+    stage, envs = "construct", []
+    env_index: int | None = start
+    try:
+        built = build_envs(cloudpickle.loads(env_fns_blob), start, block)
+        if not isinstance(built, list):
+            conn.send(built)  # an env's constructor raised, or the block's envs disagree
+            return None
+        envs = built
+        cap_libraries(threads)  # the pools of what the envs imported, or the fork brought along
+        stage = "handshake"
+        conn.send_bytes(Spaces.of(envs[0]).pickled())
+        msg = conn.recv()
+        if not isinstance(msg, Attach):
+            _close_all(envs)
+            return None
+        stage, env_index = "attach", None
+        layout, autoreset_mode, _ = msg
+        from multiprocessing.reduction import recv_handle
+
+        from shmvec.segment import map_fd
+
+        views = layout.views(map_fd(recv_handle(conn), layout.size))
+        env0 = envs[0]
+        stepper = Stepper(envs, start, layout, views, autoreset_mode, env0.observation_space, env0.action_space)
+        return stepper, views, msg
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        _close_all(envs)
+        raise
+    except BaseException as exc:
+        _close_all(envs)
+        conn.send(ConstructError(error_report(exc, block, env_index, stage)))
+        return None
+
+
+def _close_all(envs: list) -> None:
+    for env in envs:
+        try:
+            env.close()
+        except Exception:
+            pass  # already reporting why the block stopped
 
 
 def _serve(
@@ -207,7 +239,7 @@ def _serve(
             if reply is not None:
                 # Pickled here, not in send: a result that cannot be pickled (an env's
                 # observation or info) is reported as this command's error, not a dead worker.
-                reply = ForkingPickler.dumps(reply)
+                reply = dumps(reply)
                 status = _REPLY
         except BaseException as exc:
             reply = ForkingPickler.dumps(error_report(exc, block, envs.current, phase(cmd)))

@@ -329,3 +329,51 @@ class NoneInfoEnv(gym.Env):
     def step(self, action):
         self.t += 1
         return np.array([self.t], np.float32), 1.0, self.t >= self.length, False, None
+
+
+def continuous_ppo_env(env_id: str = "HalfCheetah-v5", gamma: float = 0.99):
+    """The factory of a CleanRL-style continuous PPO script: per-env normalization and clipping,
+    two of them by lambdas, which the wrappers record in the env's ``spec``."""
+
+    def thunk():
+        env = gym.make(env_id)
+        env = gym.wrappers.FlattenObservation(env)
+        env = gym.wrappers.RecordEpisodeStatistics(env)
+        env = gym.wrappers.ClipAction(env)
+        env = gym.wrappers.NormalizeObservation(env)
+        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
+        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
+        env = gym.wrappers.TransformReward(env, lambda r: np.clip(r, -10, 10))
+        return env
+
+    return thunk
+
+
+class OddMetadataEnv(PidEnv):
+    """Metadata that the standard pickle refuses (a lambda) and that nothing can pickle (a lock);
+    a ``spec`` whose kwargs hold a lock."""
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__()
+        self.metadata = {"render_modes": [], "render_fps": 7, "scale": lambda x: 2 * x, "lock": threading.Lock()}
+        self.spec = gym.envs.registration.EnvSpec("shmvec-tests/Odd-v0", kwargs={"lock": threading.Lock()})
+
+
+class LockedSpace(spaces.Box):
+    """A Box that cannot be pickled: it holds a lock."""
+
+    def __init__(self) -> None:
+        import threading
+
+        super().__init__(0.0, 1.0, shape=(2,), dtype=np.float64)
+        self.lock = threading.Lock()
+
+
+class UnpicklableSpaceEnv(PidEnv):
+    """An env whose observation space cannot be sent to the calling process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.observation_space = LockedSpace()
