@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: test lint conformance bench bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-scaling bench-gpu bench-instructions venv clean
+.PHONY: test lint conformance bench bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean
 
 venv: $(STAMP)
 
@@ -56,6 +56,11 @@ bench-ray: $(STAMP)
 # get_state/set_state of 16 CartPole, Pong and Ant envs, against a step of them (docs/snapshots.md).
 bench-snapshots: $(BENCH_STAMP)
 	$(PY) benchmarks/snapshots.py --json results/snapshots.json
+
+# The training scripts of examples/training/ (CleanRL-style PPO: discrete, continuous, Atari; SB3's
+# PPO), each at its defaults on shmvec and on the vector envs users have today, in paired rounds.
+bench-training: $(BENCH_STAMP)
+	$(PY) benchmarks/training.py --json results/training.json
 
 # CartPole, Pong and Ant at 16, 64 and 256 envs over 1..cores workers, sync and async, against the
 # ceiling (and gym Async where its process per env fits): the tables #28 asks of a 16-core machine.

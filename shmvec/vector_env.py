@@ -17,6 +17,7 @@ from shmvec.batches import Batch, Batches
 from shmvec.blocks import reset_payloads, set_attr_payloads
 from shmvec.checkpoint import EnvState
 from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env, usable_cores
+from shmvec.collect_threads import CollectThreads
 from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, SnapshotError, WorkerError
 from shmvec.info_columns import ColumnReader, InfoSchema
 from shmvec.infos import InfoMerger
@@ -135,6 +136,16 @@ class ShmVecEnv(VectorEnv):
         are not done, instead of whichever finish first. Two runs with the same seeds and
         policy then see identical batches; the price is the wait for a slow block that
         free order would have passed over (``docs/async.md``).
+    torch_threads : int, "auto" or None, default "auto"
+        torch's intra-op threads in the calling process while :meth:`step` collects a rollout.
+        torch's OpenMP threads spin after every parallel op, on the cores the workers need; in
+        a loop that collects a fixed number of steps between updates (PPO's), the vector env
+        lowers torch to this many threads from the second rollout on, as a rollout's first step
+        starts, and gives the user's number back as its last step returns, so the update runs
+        unchanged (``docs/benchmarks.md``, "why is my loop slow?"). ``"auto"``: the usable
+        cores less the worker processes, at least 1. ``None`` leaves torch alone; so does a loop
+        that never imported torch or has no such rhythm. Said once per process (a
+        :class:`~shmvec.collect_threads.ThreadsNotice` warning); undone by :meth:`close`.
     """
 
     observation_space = BatchedSpace("single_observation_space")
@@ -157,6 +168,7 @@ class ShmVecEnv(VectorEnv):
         spin_us: float | None = None,
         worker_threads: int | None = 1,
         ordered: bool = False,
+        torch_threads: int | str | None = "auto",
     ) -> None:
         super().__init__()
         if on_error not in ("raise", "restart"):
@@ -173,6 +185,11 @@ class ShmVecEnv(VectorEnv):
         self.copy = copy
         self.ordered = bool(ordered)
         self.worker_threads = None if worker_threads is None else positive_int(worker_threads, "worker_threads")
+        if torch_threads == "auto":
+            torch_threads = max(1, usable_cores() - self.num_workers)
+        elif torch_threads is not None:
+            torch_threads = positive_int(torch_threads, "torch_threads")
+        self._torch_threads = CollectThreads(torch_threads)
         self._pool = WorkerPool(
             env_fns,
             self.num_workers,
@@ -320,6 +337,7 @@ class ShmVecEnv(VectorEnv):
                 "with reset(options={'reset_mask': mask})"
             )
         self._drain()
+        self._torch_threads.enter()
         self._write_actions(actions, self._home.act)
         self._current_obs = self._home.obs
         replies, restarted = self._round(Command.STEP)
@@ -329,6 +347,7 @@ class ShmVecEnv(VectorEnv):
             self._columns_for(infos)
         if self.check_finite:
             self._results.check_finite(rewards=True)
+        self._torch_threads.leave()
         return (*self._results.step(self.copy), infos)
 
     def _columns_for(self, infos: dict[str, Any]) -> None:
@@ -378,6 +397,7 @@ class ShmVecEnv(VectorEnv):
     def close_extras(self, **kwargs: Any) -> None:
         """Stop the workers, close every env and release the shared memory."""
         self._state = _CLOSED
+        self._torch_threads.close()
         self._finalizer()
 
     def __enter__(self) -> ShmVecEnv:

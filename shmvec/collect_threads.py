@@ -1,0 +1,117 @@
+"""Torch's intra-op threads in the calling process while a training loop collects a rollout.
+
+torch's pip wheels run their intra-op pool on GNU OpenMP, whose threads spin for milliseconds
+after every parallel op before they sleep. In a loop that alternates a policy's forward pass
+with a vector env's step, those threads spin through every step, on the cores the workers need:
+a worker per core then gets half a core (``docs/benchmarks.md``, "why is my loop slow?"). The
+forward pass of a rollout is small, and gains little from the pool; the update, between
+rollouts, is where the pool pays.
+
+:class:`CollectThreads` learns the loop's rhythm from the gaps between ``step`` calls: a run of
+short gaps (forward passes) is a rollout, a long gap is an update. Once two rollouts in a row
+had the same length, it lowers torch's threads as the next rollout starts (the first step after a long gap)
+and gives the user's number back as the rollout's last step returns, so that the update (and
+the forward pass that bootstraps it) runs as the user set it. A loop with no such rhythm (an
+off-policy loop that updates after every step) is left alone.
+
+Nothing here imports torch: a loop that never imported it is never touched.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from typing import Any
+
+__all__ = ["CollectThreads", "ThreadsNotice"]
+
+# A gap between steps is "long" (an update ran) past this many times the typical short gap,
+# and past LONG_S: far above the hiccups of a busy machine (a few ms), far below an update.
+# A rollout must be at least MIN_PERIOD steps for the rhythm to count.
+LONG_RATIO = 50.0
+LONG_S = 10e-3
+MIN_PERIOD = 8
+
+_told = False  # the one line is said once per process
+
+
+class ThreadsNotice(UserWarning):
+    """Said once per process, the first time a vector env lowers torch's threads for a rollout."""
+
+
+class CollectThreads:
+    """Torch's intra-op threads while a rollout is collected: ``threads`` (``None``: leave torch alone).
+
+    Call :meth:`enter` as a step starts and :meth:`leave` as it returns, from the thread that
+    runs the loop (torch's thread count is that thread's OpenMP setting); :meth:`close` gives
+    the user's threads back if a rollout was cut short.
+    """
+
+    __slots__ = ("threads", "period", "last", "count", "short", "left", "lowered", "user")
+
+    def __init__(self, threads: int | None) -> None:
+        self.threads = threads
+        self.period = 0  # steps of the last two rollouts, where they agreed (0: no rhythm)
+        self.last = 0  # steps of the last rollout
+        self.count = 0  # steps since the last long gap
+        self.short = 0.0  # typical gap between the steps of a rollout (seconds)
+        self.left: float | None = None  # perf_counter() as the last step returned
+        self.lowered = False
+        self.user = 0  # torch's threads before they were lowered
+
+    def enter(self) -> None:
+        if self.threads is None:
+            return
+        left = self.left
+        if left is None:
+            self.count = 1
+            return
+        gap = time.perf_counter() - left
+        if self.short and gap > LONG_S and gap > LONG_RATIO * self.short:
+            # An update ran: the rollout before it had `count` steps, and a new one starts here.
+            count = self.count
+            self.period = count if count == self.last and count >= MIN_PERIOD else 0
+            self.last, self.count = count, 1
+            if self.period and not self.lowered:
+                self._lower()
+            return
+        self.short = gap if not self.short else 0.9 * self.short + 0.1 * gap
+        self.count += 1
+
+    def leave(self) -> None:
+        if self.threads is None:
+            return
+        self.left = time.perf_counter()
+        if self.lowered and self.count >= self.period:
+            self.restore()  # the rollout's last step: the update runs with the user's threads
+
+    def _lower(self) -> None:
+        torch: Any = sys.modules.get("torch")
+        if torch is None or not hasattr(torch, "get_num_threads"):
+            return
+        user = torch.get_num_threads()
+        if user <= self.threads:
+            return
+        torch.set_num_threads(self.threads)
+        self.user, self.lowered = user, True
+        global _told
+        if not _told:
+            _told = True
+            warnings.warn(
+                f"shmvec: torch runs on {self.threads} intra-op thread(s) while a rollout of {self.period} steps "
+                f"is collected, and on its {user} between rollouts, so that its spinning threads leave the "
+                "workers their cores; ShmVecEnv(torch_threads=None) turns this off",
+                ThreadsNotice,
+                stacklevel=4,
+            )
+
+    def restore(self) -> None:
+        """Give torch the user's threads back, if they are lowered."""
+        if self.lowered:
+            self.lowered = False
+            torch: Any = sys.modules.get("torch")
+            if torch is not None:
+                torch.set_num_threads(self.user)
+
+    close = restore
