@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: test lint conformance bench bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean
+.PHONY: test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean
 
 venv: $(STAMP)
 
@@ -36,14 +36,24 @@ lint: $(STAMP)
 conformance: $(STAMP)
 	$(PY) tests/conformance/run.py
 
+# The main job, within 15 minutes on 2 cores: the throughput report (shmvec's defaults against the
+# vector envs users run today), then its training section (three of the training scripts).
 bench: $(BENCH_STAMP)
 	$(PY) -m shmvec bench
+	$(PY) benchmarks/training.py --studies $(BENCH_TRAINING) --json results/latest/training.json \
+	    --append-to results/latest/results.md
+
+BENCH_TRAINING ?= ppo_continuous,sb3_ppo,ppo_discrete_x16
+
+# Every engine at every size (about 25 minutes on 2 cores): what docs/benchmarks.md quotes.
+bench-full: $(BENCH_STAMP)
+	$(PY) -m shmvec bench --full
 
 bench-quick: $(BENCH_STAMP)
 	$(PY) -m shmvec bench --quick
 
 bench-docs: $(BENCH_STAMP)
-	$(PY) -m shmvec bench --write-docs
+	$(PY) -m shmvec bench --full --write-docs
 
 # The multi-agent workloads alone (MPE simple_spread, pistonball): MultiAgentVecEnv against SuperSuit, the serial loop and the ceiling.
 bench-multiagent: $(BENCH_STAMP)

@@ -97,12 +97,33 @@ def study(name: str, rounds: int, only: list[str] | None = None) -> dict:
     return {"script": script, "args": args, "reference": ref, "rounds": rounds, "runs": runs, "over_reference": ratios}
 
 
+def markdown(results: dict) -> str:
+    """The report's section: per study, each engine's training speed, collection speed and update
+    time over the study's reference (medians of the paired rounds, and their range)."""
+    lines = [
+        f"## Training scripts ({results['cores']} cores)",
+        "",
+        "Steady-state training steps/s of each script in `examples/training/` at its defaults, over the",
+        "first engine of its row group, medians (and ranges) of paired rounds; update time above 1x means",
+        "a slower update.",
+        "",
+        "| study | engine | training | collection | update time |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for name, found in results["studies"].items():
+        for engine, r in found["over_reference"].items():
+            cells = [f"{r[k]['median']:.2f}x ({r[k]['min']:.2f}-{r[k]['max']:.2f})" for k in ("sps", "collect", "update_time")]
+            lines.append(f"| {name} over {found['reference']} | {engine} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--studies", default=",".join(STUDIES), help="comma-separated, from: " + ", ".join(STUDIES))
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--engines", help="comma-separated: only these of each study's engines (its reference always runs)")
     p.add_argument("--json", help="write the figures here")
+    p.add_argument("--append-to", metavar="MD", help="append the markdown section to this report (make bench's)")
     a = p.parse_args(argv)
     results = {"cores": len(os.sched_getaffinity(0)), "studies": {}}
     for name in a.studies.split(","):
@@ -117,6 +138,11 @@ def main(argv: list[str] | None = None) -> None:
         from shmvec.bench.output import write_study
 
         write_study(a.json, results)
+    section = markdown(results)
+    print(section)
+    if a.append_to:
+        with open(a.append_to, "a", encoding="utf-8") as report:
+            report.write("\n" + section)
 
 
 if __name__ == "__main__":

@@ -314,6 +314,22 @@ def test_presets_and_unknown_names():
         plan_sweep(SweepConfig(workloads=["nope"]))
 
 
+def test_make_bench_runs_the_standard_report_and_bench_full_every_engine():
+    from shmvec.bench.cli import _config, build_parser
+    from shmvec.bench.sweep import STANDARD_ENGINES
+
+    def config(*argv):
+        return _config(build_parser().parse_args(["bench", *argv]))
+
+    standard, full = config(), config("--full")
+    assert standard.engines == list(STANDARD_ENGINES) and full.engines is None
+    assert (standard.timing, standard.num_envs) == (full.timing, full.num_envs)  # figures as steady as the full sweep's
+    assert {"shmvec", "split-serial", "gym-sync", "gym-async-shm", "sb3"} <= set(standard.engines)
+    assert config("--engines", "shmvec,serial").engines == ["shmvec", "serial"]
+    plan = [p for p in plan_sweep(standard) if p.skip is None]
+    assert len(plan) < len([p for p in plan_sweep(full) if p.skip is None]) * 0.6
+
+
 # -- reporting ----------------------------------------------------------------------------------
 def fabricated() -> SweepResult:
     def ok(w, n, e, rate):

@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     full, quick = SweepConfig.full(), SweepConfig.quick_preset()
     sizes = ",".join(map(str, full.num_envs)), ",".join(map(str, quick.num_envs))
     b.add_argument("--quick", action="store_true", help="small sweep, short windows (a smoke test, not figures)")
+    b.add_argument(
+        "--full",
+        action="store_true",
+        help="every engine (default: shmvec's defaults against the vector envs users run today, and the ceiling)",
+    )
     b.add_argument("--workloads", type=_names, metavar="A,B", help="workloads to run (see --list)")
     b.add_argument("--engines", type=_names, metavar="A,B", help="engines to run (see --list)")
     b.add_argument(
@@ -131,7 +136,7 @@ def _config(args: argparse.Namespace):  # -> SweepConfig
     from shmvec.bench.measure import Timing
     from shmvec.bench.sweep import SweepConfig
 
-    base = SweepConfig.quick_preset() if args.quick else SweepConfig.full()
+    base = SweepConfig.quick_preset() if args.quick else SweepConfig.full() if args.full else SweepConfig.standard()
     timing = Timing(
         seconds=args.seconds if args.seconds is not None else base.timing.seconds,
         repeats=args.repeats if args.repeats is not None else base.timing.repeats,
@@ -139,7 +144,7 @@ def _config(args: argparse.Namespace):  # -> SweepConfig
     )
     return SweepConfig(
         workloads=args.workloads,
-        engines=args.engines,
+        engines=args.engines or base.engines,
         timing=timing,
         num_envs=args.num_envs or base.num_envs,
         num_workers=args.num_workers,
