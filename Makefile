@@ -37,13 +37,14 @@ conformance: $(STAMP)
 	$(PY) tests/conformance/run.py
 
 # The main job, within 15 minutes on 2 cores: the throughput report (shmvec's defaults against the
-# vector envs users run today), then its training section (three of the training scripts).
+# vector envs users run today), then its training section: the continuous PPO script against
+# Gymnasium's vector envs, SB3's PPO against SB3's (make bench-training runs every script).
 bench: $(BENCH_STAMP)
 	$(PY) -m shmvec bench
 	$(PY) benchmarks/training.py --studies $(BENCH_TRAINING) --json results/latest/training.json \
 	    --append-to results/latest/results.md
 
-BENCH_TRAINING ?= ppo_continuous,sb3_ppo,ppo_discrete_x16
+BENCH_TRAINING ?= ppo_continuous,sb3_ppo
 
 # Every engine at every size (about 25 minutes on 2 cores): what docs/benchmarks.md quotes.
 bench-full: $(BENCH_STAMP)

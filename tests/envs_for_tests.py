@@ -332,21 +332,17 @@ class NoneInfoEnv(gym.Env):
 
 
 def continuous_ppo_env(env_id: str = "HalfCheetah-v5", gamma: float = 0.99):
-    """The factory of a CleanRL-style continuous PPO script: per-env normalization and clipping,
-    two of them by lambdas, which the wrappers record in the env's ``spec``."""
+    """The env factory of ``examples/training/ppo_continuous.py``: a CleanRL-style continuous PPO
+    script's per-env normalization and clipping, two of them by lambdas, which the wrappers record
+    in the env's ``spec``."""
+    import sys
 
-    def thunk():
-        env = gym.make(env_id)
-        env = gym.wrappers.FlattenObservation(env)
-        env = gym.wrappers.RecordEpisodeStatistics(env)
-        env = gym.wrappers.ClipAction(env)
-        env = gym.wrappers.NormalizeObservation(env)
-        env = gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)
-        env = gym.wrappers.NormalizeReward(env, gamma=gamma)
-        env = gym.wrappers.TransformReward(env, lambda r: np.clip(r, -10, 10))
-        return env
+    scripts = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples", "training")
+    if scripts not in sys.path:
+        sys.path.append(scripts)  # kept by spawned workers too: they rebuild the factory from its module
+    from ppo_continuous import make_env
 
-    return thunk
+    return make_env(env_id, gamma)
 
 
 class OddMetadataEnv(PidEnv):

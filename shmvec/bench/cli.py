@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     # The defaults named in the help texts are the presets' own values.
     from shmvec.bench.sweep import SweepConfig
 
-    full, quick = SweepConfig.full(), SweepConfig.quick_preset()
-    sizes = ",".join(map(str, full.num_envs)), ",".join(map(str, quick.num_envs))
+    full, quick, standard = SweepConfig.full(), SweepConfig.quick_preset(), SweepConfig.standard()
+    sizes = [",".join(map(str, c.num_envs)) for c in (standard, full, quick)]
     b.add_argument("--quick", action="store_true", help="small sweep, short windows (a smoke test, not figures)")
     b.add_argument(
         "--full",
@@ -60,7 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--workloads", type=_names, metavar="A,B", help="workloads to run (see --list)")
     b.add_argument("--engines", type=_names, metavar="A,B", help="engines to run (see --list)")
     b.add_argument(
-        "--num-envs", type=_ints, metavar="N,M", help=f"sizes to sweep (default {sizes[0]}; quick {sizes[1]})"
+        "--num-envs",
+        type=_ints,
+        metavar="N,M",
+        help=f"sizes to sweep (default {sizes[0]}; --full {sizes[1]}; quick {sizes[2]})",
     )
     b.add_argument(
         "--seconds",
