@@ -147,9 +147,9 @@ class ActorDied(ShmVecError):
         return type(self), (self.actor_index, self.envs, self.node_ip, self.node_id, self.cause)
 
 
-class EnvObsError(ValueError):
+class EnvObsError(ShmVecError, ValueError):
     """An env returned something that does not fit its declared space (raised where the env is
-    stepped: from a worker it comes back inside a :class:`WorkerError`).
+    stepped: from a worker it comes back inside a :class:`WorkerError`). Also a ``ValueError``.
     """
 
 

@@ -32,3 +32,20 @@ def test_no_measured_figures_in_code_comments():
             if (tok.type == tokenize.COMMENT or is_docstring) and measured.search(text):
                 found.append(f"{path.name}:{tok.start[0]}: {measured.search(text).group(0)!r}")
     assert not found, found
+
+
+def test_architecture_module_table_lists_every_module():
+    """docs/architecture.md's module table names every module of the package, and only those."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "architecture.md").read_text()
+    table = text.split("## Modules", 1)[1].split("\n\n", 2)[1]
+    named = set()
+    for row in table.splitlines()[2:]:
+        first_cell = row.split("|")[1]
+        named |= {name.removeprefix("shmvec/") for name in re.findall(r"`([\w/]+\.py|\w+/)`", first_cell)}
+    package = root / "shmvec"
+    modules = {p.name for p in package.glob("*.py")} | {p.name + "/" for p in package.iterdir() if (p / "__init__.py").exists()}
+    assert named == modules

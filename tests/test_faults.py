@@ -76,9 +76,14 @@ def test_hung_step_times_out():
 def test_wrong_observation_shape_names_env_and_field():
     envs = shmvec.ShmVecEnv(faulty(4, "shape", 2), num_workers=2)
     envs.reset(seed=0)
-    with pytest.raises(shmvec.WorkerError, match=r"env 2 returned observation of shape \(5,\), expected \(4,\)"):
+    with pytest.raises(shmvec.WorkerError, match=r"env 2 returned observation of shape \(5,\), expected \(4,\)") as info:
         for _ in range(5):
             envs.step(np.zeros(4, dtype=np.int64))
+    assert info.value.exc_type == "EnvObsError"
+    # Where it is raised (the calling process's block), it is a shmvec error and a ValueError.
+    from shmvec.errors import EnvObsError
+
+    assert issubclass(EnvObsError, shmvec.ShmVecError) and issubclass(EnvObsError, ValueError)
 
 
 def test_many_envs_alive_at_once_do_not_collide():
