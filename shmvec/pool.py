@@ -32,7 +32,7 @@ from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.processes import WorkerProcesses, raise_construct_failure
 from shmvec.protocol import DONE, Command, Status
 from shmvec.segment import Segment
-from shmvec.stepper import Stepper, build_envs
+from shmvec.stepper import Stepper, build_envs, close_all
 from shmvec.sync import block_until, fence, ring, spin_policies, spin_until
 
 # Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
@@ -214,7 +214,7 @@ class WorkerPool:
             self._handshake(main_envs)
         except BaseException:
             if self.main is None:  # the main block's envs were built but never handed over
-                _close_all(main_envs)
+                close_all(main_envs)
             raise
 
     def _handshake(self, main_envs: list) -> None:
@@ -307,12 +307,12 @@ class WorkerPool:
         The new envs are built but not reset. Raises like construction does if that fails.
         """
         if self.main is not None and block == self.main.index:
-            _close_all(self.main.stepper.envs)
+            close_all(self.main.stepper.envs)
             envs = self._build_main_envs()
             try:
                 self._check_spaces(self.blocks[block].start, P.Spaces.of(envs[0]))
             except ValueError:
-                _close_all(envs)
+                close_all(envs)
                 raise
             self.main.stepper = self._stepper(envs)
             return
@@ -716,7 +716,7 @@ class WorkerPool:
                 except Exception:
                     pass
             elif self.main is not None:
-                _close_all(self.main.stepper.envs)
+                close_all(self.main.stepper.envs)
         finally:
             self.state = PoolState.CLOSED
         self.workers.join(timeout if not broken else 0.2)
@@ -730,12 +730,3 @@ class WorkerPool:
         self.views = {}
         self.replies = []
         self._segment = None
-
-
-def _close_all(envs: list) -> None:
-    """Close each env, whatever the others do (shutdown and restarts must go on)."""
-    for env in envs:
-        try:
-            env.close()
-        except Exception:
-            pass

@@ -512,14 +512,21 @@ def build_envs(env_fns: Sequence[Callable[[], Any]], start: int, block: int) -> 
         try:
             envs.append(fn())
         except BaseException as exc:
-            for env in envs:
-                env.close()
+            close_all(envs)
             return ConstructError(error_report(exc, block, start + j, "construct"))
     first = Spaces.of(envs[0])
     for j, env in enumerate(envs[1:], 1):
         why = Spaces.of(env).mismatch(start + j, first, start)
         if why is not None:
-            for other in envs:
-                other.close()
+            close_all(envs)
             return Mismatch(start + j, why)
     return envs
+
+
+def close_all(envs: list) -> None:
+    """Close each env, whatever the others do (a failed start-up, a shutdown and a restart must go on)."""
+    for env in envs:
+        try:
+            env.close()
+        except Exception:
+            pass

@@ -33,7 +33,7 @@ from shmvec.protocol import (
     error_report,
     phase,
 )
-from shmvec.stepper import Stepper, build_envs
+from shmvec.stepper import Stepper, build_envs, close_all
 from shmvec.threads import cap_libraries, cap_variables
 
 _STEP, _RESET, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP, _INFO_ATTACH = (
@@ -143,7 +143,7 @@ def _set_up(block: int, start: int, env_fns_blob: bytes, conn, threads: int | No
         conn.send_bytes(Spaces.of(envs[0]).pickled())
         msg = conn.recv()
         if not isinstance(msg, Attach):
-            _close_all(envs)
+            close_all(envs)
             return None
         stage, env_index = "attach", None
         layout, autoreset_mode, _ = msg
@@ -156,20 +156,12 @@ def _set_up(block: int, start: int, env_fns_blob: bytes, conn, threads: int | No
         stepper = Stepper(envs, start, layout, views, autoreset_mode, env0.observation_space, env0.action_space)
         return stepper, views, msg
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
-        _close_all(envs)
+        close_all(envs)
         raise
     except BaseException as exc:
-        _close_all(envs)
+        close_all(envs)
         conn.send(ConstructError(error_report(exc, block, env_index, stage)))
         return None
-
-
-def _close_all(envs: list) -> None:
-    for env in envs:
-        try:
-            env.close()
-        except Exception:
-            pass  # already reporting why the block stopped
 
 
 def _serve(
