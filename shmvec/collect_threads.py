@@ -3,14 +3,14 @@
 torch's pip wheels run their intra-op pool on GNU OpenMP, whose threads spin for milliseconds
 after every parallel op before they sleep. In a loop that alternates a policy's forward pass
 with a vector env's step, those threads spin through every step, on the cores the workers need:
-a worker per core then gets half a core (``docs/benchmarks.md``, "why is my loop slow?"). The
-forward pass of a rollout is small, and gains little from the pool; the update, between
+a worker per core then gets half a core (``docs/benchmarks.md``, "In a training loop with
+torch"). The forward pass of a rollout is small, and gains little from the pool; the update, between
 rollouts, is where the pool pays.
 
 :class:`CollectThreads` learns the loop's rhythm from the gaps between ``step`` calls: a run of
 short gaps (forward passes) is a rollout, a long gap is an update. Once two rollouts in a row
-had the same length, it lowers torch's threads as the next rollout starts (the first step after a long gap)
-and gives the user's number back as the rollout's last step returns, so that the update (and
+had the same length, it lowers torch's threads as the next rollout starts (the first step after
+a long gap) and gives the user's number back as the rollout's last step returns, so that the update (and
 the forward pass that bootstraps it) runs as the user set it. A loop with no such rhythm (an
 off-policy loop that updates after every step) is left alone.
 

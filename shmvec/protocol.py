@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import traceback
 from enum import IntEnum
+from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # annotations only: workers import this module before numpy and gymnasium
@@ -106,8 +107,6 @@ def dumps(message: Any) -> bytes | memoryview:
     cloudpickle, which carries what the standard pickle refuses (lambdas, local classes, as in a
     wrapper's arguments). Both give a standard pickle stream that ``Connection.recv`` reads.
     """
-    from multiprocessing.reduction import ForkingPickler
-
     try:
         return ForkingPickler.dumps(message)
     except Exception:

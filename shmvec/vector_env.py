@@ -142,7 +142,7 @@ class ShmVecEnv(VectorEnv):
         a loop that collects a fixed number of steps between updates (PPO's), the vector env
         lowers torch to this many threads from the second rollout on, as a rollout's first step
         starts, and gives the user's number back as its last step returns, so the update runs
-        unchanged (``docs/benchmarks.md``, "why is my loop slow?"). ``"auto"``: the usable
+        unchanged (``docs/benchmarks.md``, "In a training loop with torch"). ``"auto"``: the usable
         cores less the worker processes, at least 1. ``None`` leaves torch alone; so does a loop
         that never imported torch or has no such rhythm. Said once per process (a
         :class:`~shmvec.collect_threads.ThreadsNotice` warning); undone by :meth:`close`.
