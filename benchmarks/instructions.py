@@ -59,17 +59,17 @@ def child(engine_key: str, workload_key: str, num_envs: int, calls: int, workers
         spec = RunSpec(workload, num_envs, num_workers=workers, spin_us=0.0)
     else:
         spec = RunSpec(workload, num_envs, num_workers=1, in_process=True)
-    stepper = engine.build(spec)
+    driver = engine.build(spec)
     try:
         probe = spec.workload.make_env()
         actions = make_actions(probe.action_space, num_envs, seed=0)
         probe.close()
-        stepper.reset(seed=0)
+        driver.reset(seed=0)
         for i in range(WARMUP_CALLS + calls):
-            stepper.step(actions[i % len(actions)])
+            driver.step(actions[i % len(actions)])
     finally:
-        stepper.close()
-    print("steps_per_call", getattr(stepper, "steps_per_call", 1))
+        driver.close()
+    print("steps_per_call", getattr(driver, "steps_per_call", 1))
 
 
 def count(engine: str, workload: str, num_envs: int, calls: int, workers: int) -> tuple[int, int, int]:

@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "ShmVecEnv": "shmvec.vector_env",
     "make": "shmvec.make_vec",
-    "AsyncRollout": "shmvec.rollout",
+    "AsyncRollout": "shmvec.async_rollout",
     "BaselinesVecEnv": "shmvec.baselines",
     "SubprocVecEnv": "shmvec.baselines",  # BaselinesVecEnv's classic name; SB3's is shmvec.sb3.SubprocVecEnv
     "AutoresetMode": "gymnasium.vector",
@@ -33,9 +33,9 @@ _LAZY = {
     "NonFiniteError": "shmvec.errors",
     "SnapshotError": "shmvec.errors",
     "ActorDied": "shmvec.errors",
-    "EnvState": "shmvec.checkpoint",
-    "save_state": "shmvec.checkpoint",
-    "load_state": "shmvec.checkpoint",
+    "EnvState": "shmvec.states",
+    "save_state": "shmvec.states",
+    "load_state": "shmvec.states",
     "gae": "shmvec.advantage",
     "discounted_returns": "shmvec.advantage",
     "rollout_gae": "shmvec.advantage",

@@ -36,6 +36,16 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray, np.ndarray | None], None
     if leaf.pickled:
         return _contains_checker(space, where)
     empty = 0 in leaf.shape  # then every batch is empty (a.size costs as much as argmax)
+    refuse = _refuser(space, where)
+    if isinstance(space, gym.spaces.Box):
+        return _box_checker(space, where, empty, refuse)
+    return _integer_checker(space, where, empty, refuse)
+
+
+def _refuser(space: gym.Space, where: str) -> Callable[[np.ndarray, np.ndarray, np.ndarray | None], None]:
+    """The failure path of a check: ``refuse(a, bad, ignored)`` raises ``ValueError`` naming the
+    first env that has a ``bad`` element and is not ``ignored``, and returns if there is none.
+    """
 
     def refuse(a: np.ndarray, bad: np.ndarray, ignored: np.ndarray | None) -> None:
         rows = bad.reshape(len(bad), -1).any(axis=1)
@@ -46,25 +56,58 @@ def action_checker(leaf: Leaf) -> Callable[[np.ndarray, np.ndarray | None], None
         env = int(np.argmax(rows))
         raise ValueError(f"{where}[{env}] = {a[env].tolist()!r} is outside the action space {space} (env {env})")
 
-    if isinstance(space, gym.spaces.Box):
-        box_low, box_high = space.low, space.high
-        uniform = box_low.size > 0 and bool((box_low == box_low.flat[0]).all() and (box_high == box_high.flat[0]).all())
-        lo, hi = (box_low.flat[0].item(), box_high.flat[0].item()) if uniform else (None, None)
+    return refuse
 
-        def check_box(a: np.ndarray, ignored: np.ndarray | None) -> None:
-            if a.dtype.kind not in "fiub":
-                raise ValueError(f"{where} have dtype {a.dtype}, expected a number type for {space}")
-            if empty:
-                return
-            # argmin/argmax land on a NaN if there is one, and NaN fails both comparisons.
-            if uniform and a.item(a.argmin()) >= lo and a.item(a.argmax()) <= hi:
-                return
-            inside = (a >= box_low) & (a <= box_high)  # NaN fails both comparisons
-            if not inside.all():
-                refuse(a, ~inside, ignored)
 
-        return check_box
+def _box_checker(
+    space: gym.spaces.Box, where: str, empty: bool, refuse: Callable[[np.ndarray, np.ndarray, np.ndarray | None], None]
+) -> Callable[[np.ndarray, np.ndarray | None], None]:
+    """The check of a Box leaf (see :func:`action_checker`).
 
+    Parameters
+    ----------
+    space : gymnasium.spaces.Box
+    where : str
+        The leaf as error messages name it (``actions['key']``).
+    empty : bool
+        Whether the leaf has no elements (every batch is empty).
+    refuse : callable
+        The leaf's failure path (:func:`_refuser`).
+    """
+    box_low, box_high = space.low, space.high
+    uniform = box_low.size > 0 and bool((box_low == box_low.flat[0]).all() and (box_high == box_high.flat[0]).all())
+    lo, hi = (box_low.flat[0].item(), box_high.flat[0].item()) if uniform else (None, None)
+
+    def check_box(a: np.ndarray, ignored: np.ndarray | None) -> None:
+        if a.dtype.kind not in "fiub":
+            raise ValueError(f"{where} have dtype {a.dtype}, expected a number type for {space}")
+        if empty:
+            return
+        # argmin/argmax land on a NaN if there is one, and NaN fails both comparisons.
+        if uniform and a.item(a.argmin()) >= lo and a.item(a.argmax()) <= hi:
+            return
+        inside = (a >= box_low) & (a <= box_high)  # NaN fails both comparisons
+        if not inside.all():
+            refuse(a, ~inside, ignored)
+
+    return check_box
+
+
+def _integer_checker(
+    space: gym.Space, where: str, empty: bool, refuse: Callable[[np.ndarray, np.ndarray, np.ndarray | None], None]
+) -> Callable[[np.ndarray, np.ndarray | None], None]:
+    """The check of a Discrete, MultiBinary or MultiDiscrete leaf (see :func:`action_checker`).
+
+    Parameters
+    ----------
+    space : gymnasium.spaces.Discrete, MultiBinary or MultiDiscrete
+    where : str
+        The leaf as error messages name it (``actions['key']``).
+    empty : bool
+        Whether the leaf has no elements (every batch is empty).
+    refuse : callable
+        The leaf's failure path (:func:`_refuser`).
+    """
     low: int | np.ndarray  # one bound for every element, or an array of them
     high: int | np.ndarray
     if isinstance(space, gym.spaces.MultiBinary):

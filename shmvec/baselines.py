@@ -37,7 +37,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from shmvec._adapters import batched_actions, list_infos
-from shmvec.checks import positive_int, refuse_fixed
+from shmvec.checks import positive_int
+from shmvec.options import passed_on
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["BaselinesVecEnv", "SubprocVecEnv"]
@@ -70,8 +71,8 @@ class BaselinesVecEnv:
     num_workers : int, optional
         Worker processes, each stepping a block of envs; see :class:`~shmvec.ShmVecEnv`.
     **shmvec_kwargs
-        Other :class:`~shmvec.ShmVecEnv` options (``step_in_main``, ``timeout``,
-        ``validate_actions``, ``on_error``, ``check_finite``, ``spin_us``).
+        Any other :class:`~shmvec.ShmVecEnv` option (:class:`shmvec.options.Options`), but
+        ``autoreset_mode`` and ``batch_size``, which this class sets (a ``TypeError`` says why).
 
     Attributes
     ----------
@@ -94,7 +95,7 @@ class BaselinesVecEnv:
         **shmvec_kwargs: Any,
     ) -> None:
         del spaces  # classic signature only
-        refuse_fixed("BaselinesVecEnv", shmvec_kwargs, _FIXED)
+        passed_on("BaselinesVecEnv", shmvec_kwargs, _FIXED)
         env_fns = list(env_fns)
         in_series = positive_int(in_series, "in_series")
         if num_workers is None and in_series > 1:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-__all__ = ["env_factories", "parse_autoreset_mode", "positive_int", "refuse_fixed", "seeds_per_env", "usable_cores"]
+__all__ = ["env_factories", "parse_autoreset_mode", "positive_int", "seeds_per_env", "usable_cores"]
 
 
 def usable_cores() -> int:
@@ -51,28 +51,6 @@ def env_factories(env_fns: Sequence[Callable[[], Any]], owner: str) -> list[Call
         if not callable(fn):
             raise TypeError(f"env_fns[{i}] is {type(fn).__name__}, expected a callable that returns an env")
     return env_fns
-
-
-def refuse_fixed(owner: str, options: dict[str, Any], fixed: dict[str, str]) -> None:
-    """Refuse the options an adapter sets on its :class:`~shmvec.ShmVecEnv` itself.
-
-    Parameters
-    ----------
-    owner : str
-        The adapter named in the error (``"SubprocVecEnv"``, ``"RayVecEnv"``).
-    options : dict
-        The keyword arguments the user passed on to the ShmVecEnv.
-    fixed : dict
-        Each option the adapter sets, and why (or what to use instead).
-
-    Raises
-    ------
-    TypeError
-        For the first such option, as Python does for a keyword a function does not take.
-    """
-    for name, why in fixed.items():
-        if name in options:
-            raise TypeError(f"{owner} sets {name!r} itself: {why}")
 
 
 def positive_int(value: Any, name: str) -> int:

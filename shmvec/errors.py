@@ -31,10 +31,14 @@ class WorkerError(ShmVecError):
         The original exception's type name and message.
     remote_traceback : str
         The formatted traceback from the worker process.
+    error : ShmVecError or None
+        The original exception, where it is one of shmvec's own (a :class:`SnapshotError`, an
+        :class:`EnvObsError`): what a caller that expects it raises as itself.
     """
 
     def __init__(self, report: dict[str, Any]) -> None:
         self.report = report
+        self.error: ShmVecError | None = report.get("error")
         self.worker_index: int | None = report["worker_index"]
         self.env_index: int | None = report["env_index"]
         self.phase: str = report["phase"]

@@ -168,10 +168,7 @@ class InfoMerger:
             seen = reader.seen(ids, restarted)
             written = np.flatnonzero(seen.any(axis=1)).tolist()
             if written and reports:
-                replied = {key for _, info in reports.values() if info for key in info}
-                for k in [k for k in written if reader.keys[k] in replied]:
-                    reader.fold(k, seen, ids, reports)  # merged whole by the reply path below
-                    written.remove(k)
+                self._fold_replied(reader, written, seen, ids, reports)
         if not (reports or restarted or written):
             return {}
         terms, truncs = out.terminations, out.truncations
@@ -199,6 +196,37 @@ class InfoMerger:
             for k in written:
                 reader.read(infos, k, seen, ids)
         return infos
+
+    @staticmethod
+    def _fold_replied(
+        reader: ColumnReader,
+        written: list[int],
+        seen: np.ndarray,
+        ids: range | np.ndarray | None,
+        reports: dict[int, tuple[Any, Any]],
+    ) -> None:
+        """Move the column keys that some env of the batch also sent by reply from ``written``
+        into ``reports``, so that :meth:`merge` builds each such key from the replies alone.
+
+        A key's array takes its type from the first value seen in env order, which a column
+        cannot know when the replies hold values of it too.
+
+        Parameters
+        ----------
+        reader : ColumnReader
+        written : list of int
+            The column keys that some env of the batch wrote; those folded are removed.
+        seen : ndarray
+            ``reader.seen(ids, restarted)``.
+        ids : range or ndarray, optional
+            As for :meth:`merge`.
+        reports : dict
+            ``{env: (final_info, info)}``; the folded keys' values join the envs' ``info``.
+        """
+        replied = {key for _, info in reports.values() if info for key in info}
+        for k in [k for k in written if reader.keys[k] in replied]:
+            reader.fold(k, seen, ids, reports)
+            written.remove(k)
 
 
 def _int_item(view: np.ndarray, i: int) -> int:

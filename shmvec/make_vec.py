@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -10,6 +9,7 @@ import gymnasium as gym
 
 from shmvec.checks import positive_int
 from shmvec.errors import WorkerError
+from shmvec.options import Options
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["make"]
@@ -29,7 +29,7 @@ class _MakeEnv:
 
 
 # The keywords that configure the vector env; any other keyword of make() goes to gymnasium.make.
-VECTOR_OPTIONS = frozenset(inspect.signature(ShmVecEnv.__init__).parameters) - {"self", "env_fns"}
+VECTOR_OPTIONS = frozenset(Options.names())
 
 
 def make(

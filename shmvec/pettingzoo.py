@@ -31,10 +31,10 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from shmvec.batched import BatchedSpace
+from shmvec.batched_spaces import BatchedSpace
 from shmvec.checks import env_factories
 from shmvec.infos import add_info
-from shmvec.storage import RESERVED, split_policy_output
+from shmvec.rollout_storage import RESERVED, split_policy_output
 from shmvec.tree import assemble, flatten, space_leaves
 from shmvec.vector_env import ShmVecEnv
 

@@ -29,6 +29,7 @@ from shmvec.checks import usable_cores
 from shmvec.errors import ClosedError, PayloadError, StepTimeout, WorkerDied, WorkerError
 from shmvec.info_columns import InfoLayout, InfoSchema
 from shmvec.layout import Layout, RolloutLayout, control_lines
+from shmvec.options import Options
 from shmvec.processes import WorkerProcesses, raise_construct_failure
 from shmvec.protocol import DONE, Command, Status
 from shmvec.segment import Segment
@@ -120,49 +121,31 @@ class WorkerPool:
     Parameters
     ----------
     env_fns : sequence of callables returning ``gymnasium.Env``
-    num_workers : int
-        Worker processes, each stepping one block (``0`` only with ``step_in_main``).
-    step_in_main : bool
-        Whether the calling process steps one more block, the last, itself.
-    context : str or None
-        ``multiprocessing`` start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
-    autoreset_mode : AutoresetMode
-        Gymnasium's autoreset mode, which the steppers apply.
-    timeout : float or None
-        Seconds a command may take (construction too) before :class:`StepTimeout`.
-    spin_us : float or None
-        Spin budget of a wait, in microseconds, before it blocks; ``None`` lets
-        :func:`shmvec.sync.spin_policies` pick it from the processes and the cores.
-    worker_threads : int or None
-        Thread pools of the libraries in each worker process (see :mod:`shmvec.threads`).
-    asynchronous : bool
-        Whether the caller collects asynchronously (batches of some blocks), for the spin policy.
+    options : Options
+        The vector env's options, resolved. The pool uses ``num_workers``, ``step_in_main``
+        (the calling process steps one more block, the last), ``context``, ``timeout`` (seconds
+        a command, construction included, may take before :class:`StepTimeout`), ``spin_us``
+        (``None``: :func:`shmvec.sync.spin_policies` picks it), ``worker_threads``, whether
+        collection is asynchronous (for the spin policy), and what the steppers apply
+        (:meth:`~shmvec.options.Options.for_worker`).
     """
 
-    def __init__(
-        self,
-        env_fns: Sequence[Callable[[], Any]],
-        num_workers: int,
-        step_in_main: bool,
-        context: str | None,
-        autoreset_mode: AutoresetMode,
-        timeout: float | None,
-        spin_us: float | None = None,
-        worker_threads: int | None = 1,
-        asynchronous: bool = False,
-    ) -> None:
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], options: Options) -> None:
+        num_workers, step_in_main = int(options.num_workers or 0), options.step_in_main
         self.num_envs = len(env_fns)
         num_blocks = num_workers + (1 if step_in_main else 0)
         self.blocks: list[range] = split(self.num_envs, num_blocks)  # the envs of each block
         self.worker_blocks: list[int] = list(range(num_workers))  # the blocks stepped by worker processes
         self.all_blocks: list[int] = list(range(num_blocks))  # what a synchronous round addresses
         self.main_index: int | None = num_workers if step_in_main else None  # the caller's block
-        self.timeout = timeout
-        self.autoreset_mode = autoreset_mode
+        self.timeout = options.timeout
+        self.autoreset_mode = options.autoreset_mode
+        self.worker_options = options.for_worker()
         self.state = PoolState.OPEN
 
+        asynchronous = options.batch_size is not None and options.batch_size < self.num_envs
         self._worker_spin, self._wait_policy = spin_policies(
-            num_workers, num_blocks, usable_cores(), spin_us, asynchronous
+            num_workers, num_blocks, usable_cores(), options.spin_us, asynchronous
         )
         self._next_sentinel_check = 0.0
 
@@ -175,8 +158,9 @@ class WorkerPool:
         self.main_line: memoryview
         self.main: MainBlock | None = None  # the block stepped by this process
         self._segment: Segment | None = None
-        self.rollout: Segment | None = None  # the rollout segment, once attach_rollout made one
-        self.info: Segment | None = None  # the scalar infos' segment, once attach_infos made one
+        # Segments attached after the start, by the command that attached them (the rollout's,
+        # the scalar infos'): a replaced block is sent each again (see Restart.RESEND).
+        self.attached: dict[Command, Segment] = {}
         # Pickled leaves (variable-size spaces): the action regions a STEP sends each worker in
         # its payload, and whether STEP and RESET replies carry observation regions.
         self._pickled_act: list[str] = []
@@ -193,7 +177,7 @@ class WorkerPool:
         self._all_done: Callable[[], bool] = lambda: False  # see _set_up
 
         self._env_fns = env_fns  # the main block's are called again by a restart
-        self.workers = WorkerProcesses(env_fns, self.blocks[:num_workers], context, worker_threads)
+        self.workers = WorkerProcesses(env_fns, self.blocks[:num_workers], options.context, options.worker_threads)
         self.context = self.workers.context
         try:
             for block in self.worker_blocks:
@@ -280,19 +264,17 @@ class WorkerPool:
             self.blocks[-1].start,
             self.layout,
             self.views,
-            self.autoreset_mode,
+            self.worker_options,
             self.spaces.observation_space,
             self.spaces.action_space,
         )
-        if self.rollout is not None:
-            stepper.attach_rollout((self.rollout.layout, self.rollout.mapping))
-        if self.info is not None:
-            stepper.attach_infos((self.info.layout, self.info.mapping))
+        for cmd, segment in self.attached.items():
+            stepper.run(cmd, (segment.layout, segment.mapping))
         return stepper
 
     def _attach(self, block: int) -> None:
         assert self._segment is not None and self._segment.fd is not None
-        self.workers.attach(block, P.Attach(self.layout, self.autoreset_mode, self._worker_spin), self._segment.fd)
+        self.workers.attach(block, P.Attach(self.layout, self.worker_options, self._worker_spin), self._segment.fd)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -327,12 +309,10 @@ class WorkerPool:
         self._check_spaces(self.blocks[block].start, self.workers.spaces(block, deadline))
         self._attach(block)
         self.workers.ready(block, deadline)
-        if self.rollout is not None:
-            _, failures = self._attach_rollout([block])
-            self.raise_first(failures)
-        if self.info is not None:
-            _, failures = self._attach_segment(Command.INFO_ATTACH, self.info, [block])
-            self.raise_first(failures)
+        for cmd, segment in self.attached.items():
+            if cmd.restart is P.Restart.RESEND:
+                _, failures = self._attach_segment(cmd, segment, [block])
+                self.raise_first(failures)
 
     def attach_rollout(self, num_steps: int) -> Segment:
         """Create the rollout segment for ``num_steps`` steps and hand it to every block.
@@ -340,29 +320,27 @@ class WorkerPool:
         A previous rollout segment is dropped (views of it stay valid while they live). Raises
         what the round raised if a block fails to map it (the pool is then broken).
         """
-        old, self.rollout = self.rollout, Segment(RolloutLayout.build(self.layout, num_steps))
-        if old is not None:
-            old.close()
-        _, failures = self._attach_rollout(list(range(len(self.blocks))))
-        if failures:
-            self.state = PoolState.BROKEN
-            self.raise_first(failures)
-        return self.rollout
-
-    def _attach_rollout(self, block_ids: list[int]) -> tuple[list, Failures]:
-        assert self.rollout is not None
-        return self._attach_segment(Command.ROLLOUT_ATTACH, self.rollout, block_ids)
+        return self.attach(Command.ROLLOUT_ATTACH, Segment(RolloutLayout.build(self.layout, num_steps)))
 
     def attach_infos(self, schema: InfoSchema) -> Segment:
         """Create the segment of the scalar infos of ``schema`` and hand it to every block; raise
         like :meth:`attach_rollout`.
         """
-        self.info = Segment(InfoLayout.build(schema, self.num_envs))
-        _, failures = self._attach_segment(Command.INFO_ATTACH, self.info, list(range(len(self.blocks))))
+        return self.attach(Command.INFO_ATTACH, Segment(InfoLayout.build(schema, self.num_envs)))
+
+    def attach(self, cmd: Command, segment: Segment) -> Segment:
+        """Hand ``segment`` to every block with ``cmd`` (a command whose payload is a segment's
+        layout, see ``Command.descriptor``), in place of the one ``cmd`` attached before.
+        """
+        old = self.attached.pop(cmd, None)
+        if old is not None:
+            old.close()
+        self.attached[cmd] = segment
+        _, failures = self._attach_segment(cmd, segment, list(range(len(self.blocks))))
         if failures:
             self.state = PoolState.BROKEN
             self.raise_first(failures)
-        return self.info
+        return segment
 
     def _attach_segment(self, command: Command, segment: Segment, block_ids: list[int]) -> tuple[list, Failures]:
         """Hand ``segment`` to ``block_ids``: its layout and descriptor to a worker, the layout
@@ -720,10 +698,10 @@ class WorkerPool:
         finally:
             self.state = PoolState.CLOSED
         self.workers.join(timeout if not broken else 0.2)
-        for seg in (self._segment, self.rollout, self.info):
+        for seg in (self._segment, *self.attached.values()):
             if seg is not None:
                 seg.close()
-        self.rollout = self.info = None
+        self.attached = {}
         # Our mapping is freed when the last view of it is gone (views handed out with
         # copy=False may outlive the env; they stay valid, the name is already unlinked).
         self.main = None

@@ -27,8 +27,9 @@ The full sequence, with the wait strategy, is drawn in ``docs/architecture.md``.
 
 from __future__ import annotations
 
+import sys
 import traceback
-from enum import IntEnum
+from enum import Enum, IntEnum
 from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -64,27 +65,57 @@ Reports = list[tuple[int, dict[str, Any] | None, dict[str, Any]]]  # STEP/RESET:
 REPLY_BYTES = 64 * 1024
 
 
+class Restart(Enum):
+    """What ``on_error="restart"`` does with a block that failed a command, or was replaced."""
+
+    RAISE = "raise"  # the command's failure is raised (the envs' state is the caller's to judge)
+    REPLACE = "replace"  # the block gets new envs, reset, and the round goes on without it
+    RESEND = "resend"  # a replaced block gets this command again (the segment it attached)
+
+
 class Command(IntEnum):
-    """What main asks a block to do (the ``CMD`` word); ``phase`` names it in error reports."""
+    """What main asks a block to do (the ``CMD`` word): the table of the protocol.
+
+    Each member is one row. ``phase`` names it in error reports; ``handler`` is the
+    :class:`~shmvec.stepper.Stepper` method that runs it (given the payload); ``reports``: its
+    reply is the envs' infos (:data:`Reports`), which the worker sends with plain scalars and
+    the caller merges; ``descriptor``: a segment's file descriptor follows the payload on the
+    pipe; ``restart``: what a restart does (:class:`Restart`). The payload each takes is in
+    the comment of its row. A new command is one row here, one ``Stepper`` method and one
+    method of the vector env that sends it.
+    """
 
     phase: str
+    handler: str
+    reports: bool
+    descriptor: bool
+    restart: Restart
 
-    def __new__(cls, value: int, phase: str) -> Command:
+    def __new__(
+        cls, value: int, phase: str, handler: str, reports: bool, descriptor: bool, restart: Restart
+    ) -> Command:
         member = int.__new__(cls, value)
         member._value_ = value
-        member.phase = phase
+        member.phase, member.handler, member.reports = phase, handler, reports
+        member.descriptor, member.restart = descriptor, restart
         return member
 
-    STEP = 1, "step"  # payload (pickled action leaves only): {region name: the worker's slice}
-    RESET = 2, "reset"  # payload: (seeds, options, mask) of the block's envs
-    CALL = 3, "call"  # payload: (name, args, kwargs); reply: one result per env
-    SET_ATTR = 4, "set_attr"  # payload: (name, values for the block's envs)
-    CLOSE = 5, "close"
-    ROLLOUT_ATTACH = 6, "rollout attach"  # payload: a RolloutLayout, then the rollout segment's fd
-    ROLLOUT_STEP = 7, "rollout step"  # STEP reading and writing row ARG of the rollout segment
-    INFO_ATTACH = 8, "info attach"  # payload: an InfoLayout, then the info segment's fd
-    GET_STATE = 9, "get_state"  # payload: the block's env offsets; reply: one EnvRecord per env
-    SET_STATE = 10, "set_state"  # payload: [(env offset in the block, EnvRecord), ...]
+    # value, phase, Stepper method, reports, descriptor, restart
+    STEP = 1, "step", "step", True, False, Restart.REPLACE  # payload (pickled action leaves only): {region: slice}
+    RESET = 2, "reset", "reset", True, False, Restart.RAISE  # payload: (seeds, options, mask) of the block's envs
+    CALL = 3, "call", "call", False, False, Restart.RAISE  # payload: (name, args, kwargs); reply: one result per env
+    SET_ATTR = 4, "set_attr", "set_attr", False, False, Restart.RAISE  # payload: (name, values for the block's envs)
+    CLOSE = 5, "close", "close", False, False, Restart.RAISE
+    ROLLOUT_ATTACH = 6, "rollout attach", "attach_rollout", False, True, Restart.RESEND  # payload: a RolloutLayout
+    ROLLOUT_STEP = 7, "rollout step", "step", True, False, Restart.REPLACE  # STEP into row ARG of the rollout
+    INFO_ATTACH = 8, "info attach", "attach_infos", False, True, Restart.RESEND  # payload: an InfoLayout
+    GET_STATE = 9, "get_state", "get_state", False, False, Restart.RAISE  # payload: env offsets; reply: EnvRecords
+    SET_STATE = 10, "set_state", "set_state", False, False, Restart.RAISE  # payload: [(offset, EnvRecord), ...]
+
+
+# The table's columns as sets of plain ints, for the paths that test them on every command.
+REPORTING = frozenset(int(c) for c in Command if c.reports)
+WITH_DESCRIPTOR = frozenset(int(c) for c in Command if c.descriptor)
 
 
 class Status(IntEnum):
@@ -95,11 +126,23 @@ class Status(IntEnum):
     ERROR = 2  # a pickled error report (see error_report), the same way
 
 
+def row(cmd: int) -> Command | None:
+    """The table's row of command code ``cmd`` (``None`` if there is none)."""
+    # A lookup by value, as Command(cmd) does: mypy reads that call as Command.__new__(value, ...).
+    member = Command._value2member_map_.get(cmd)
+    return member if isinstance(member, Command) else None
+
+
 def phase(cmd: int) -> str:
     """The phase name of command code ``cmd`` for error reports (the number if it is unknown)."""
-    # A lookup by value, as Command(cmd) does: mypy reads that call as Command.__new__(value, phase).
-    member = Command._value2member_map_.get(cmd)
-    return member.phase if isinstance(member, Command) else str(cmd)
+    member = row(cmd)
+    return str(cmd) if member is None else member.phase
+
+
+def restart(cmd: int) -> Restart:
+    """What a restart does with a block that failed command ``cmd`` (see :class:`Restart`)."""
+    member = row(cmd)
+    return Restart.RAISE if member is None else member.restart
 
 
 def dumps(message: Any) -> bytes | memoryview:
@@ -182,11 +225,21 @@ class Mismatch(NamedTuple):
     message: str  # from Spaces.mismatch
 
 
+class WorkerOptions(NamedTuple):
+    """The options a block's :class:`~shmvec.stepper.Stepper` applies (``Options.for_worker``):
+    one field per :class:`~shmvec.options.Options` field that reaches the worker, same name.
+
+    (``worker_threads`` is not here: a worker applies it before anything else, at its start.)
+    """
+
+    autoreset_mode: AutoresetMode
+
+
 class Attach(NamedTuple):
     """Main -> worker: map the segment laid out by ``layout`` (its fd follows on the pipe)."""
 
     layout: Layout
-    autoreset_mode: AutoresetMode
+    options: WorkerOptions
     spin: SpinPolicy  # how the worker waits for a command
 
 
@@ -205,4 +258,13 @@ def error_report(exc: BaseException, block: int, env_index: int | None, phase: s
         "exc_type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(exc)),
+        "error": exc if _own_error(exc) else None,  # raised as itself by whoever may (a SnapshotError)
     }
+
+
+def _own_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of shmvec's errors (an env's snapshot refused, a bad observation):
+    picklable, and meaningful to the caller as its own type.
+    """
+    errors = sys.modules.get("shmvec.errors")  # not imported here: a worker loads it only to raise one
+    return errors is not None and isinstance(exc, errors.ShmVecError)

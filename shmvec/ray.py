@@ -33,7 +33,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from shmvec.batched import BatchedSpace
+from shmvec.batched_spaces import BatchedSpace
 
 try:
     import ray
@@ -43,10 +43,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from shmvec.actions import ActionBatch
 from shmvec.blocks import set_attr_payloads, split
-from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, refuse_fixed, seeds_per_env
+from shmvec.checks import env_factories, parse_autoreset_mode, positive_int, seeds_per_env
 from shmvec.errors import ActorDied, ShmVecError, StepTimeout, WorkerError
 from shmvec.infos import concat_infos
 from shmvec.lifecycle import Lifecycle, refuse
+from shmvec.options import passed_on
 from shmvec.protocol import Spaces
 from shmvec.tree import assemble, flatten, space_leaves
 
@@ -162,7 +163,8 @@ class RayVecEnv(VectorEnv):
     ready_timeout : float, default 120
         Seconds the actors may take to be placed and build their envs.
     **vector_kwargs
-        Passed to every actor's ShmVecEnv (``copy``, ``on_error``, ``context``, ``spin_us``, ...).
+        Any other :class:`~shmvec.ShmVecEnv` option (:class:`shmvec.options.Options`), passed to
+        every actor's ShmVecEnv, but ``num_workers`` and ``batch_size`` (a ``TypeError`` says why).
 
     Raises
     ------
@@ -191,7 +193,7 @@ class RayVecEnv(VectorEnv):
         self._state = Lifecycle.NEEDS_RESET
         self._finalizer = weakref.finalize(self, _kill, self._actors)
         env_fns = env_factories(env_fns, "RayVecEnv")
-        refuse_fixed("RayVecEnv", vector_kwargs, _FIXED)
+        passed_on("RayVecEnv", vector_kwargs, _FIXED)
         mode = parse_autoreset_mode(autoreset_mode)
         if mode is AutoresetMode.DISABLED:
             raise ValueError("RayVecEnv supports autoreset modes NEXT_STEP and SAME_STEP, not DISABLED")

@@ -22,7 +22,7 @@ from gymnasium.vector import AutoresetMode
 from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
 
 from shmvec._adapters import EnvSideFactory, Failure, batched_actions, env_indices, env_info, list_infos
-from shmvec.checks import refuse_fixed
+from shmvec.options import passed_on
 from shmvec.vector_env import ShmVecEnv
 
 __all__ = ["PettingZooVecEnv", "SubprocVecEnv"]
@@ -61,8 +61,9 @@ class SubprocVecEnv(VecEnv):
         Check actions against the action space before stepping. Off by default because SB3
         passes actions to the envs unchecked, and code that relies on that should not break.
     **shmvec_kwargs
-        Other :class:`~shmvec.ShmVecEnv` options: ``step_in_main``, ``timeout``,
-        ``on_error``, ``check_finite``, ``spin_us``.
+        Any other :class:`~shmvec.ShmVecEnv` option (:class:`shmvec.options.Options`), but
+        those this class sets itself: ``autoreset_mode``, ``copy``, ``context`` and
+        ``batch_size`` (a ``TypeError`` says why).
 
     Attributes
     ----------
@@ -79,7 +80,7 @@ class SubprocVecEnv(VecEnv):
         validate_actions: bool = False,
         **shmvec_kwargs: Any,
     ) -> None:
-        refuse_fixed(type(self).__name__, shmvec_kwargs, _FIXED)
+        passed_on(type(self).__name__, shmvec_kwargs, _FIXED)
         self.waiting = False
         self.closed = False
         self._actions: Any = None

@@ -27,28 +27,16 @@ from shmvec.protocol import (
     RolloutPayload,
     SetAttrPayload,
     Spaces,
+    WorkerOptions,
     error_report,
 )
 
 if TYPE_CHECKING:
-    from gymnasium.vector import AutoresetMode
-
     from shmvec.info_columns import ColumnWriter, InfoLayout
     from shmvec.layout import Layout, Regions
 
 # Plain ints for the per-step paths: comparing with one costs less than with an enum member.
-_STEP, _RESET, _CALL, _SET_ATTR, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP, _INFO_ATTACH, _GET_STATE, _SET_STATE = (
-    int(Command.STEP),
-    int(Command.RESET),
-    int(Command.CALL),
-    int(Command.SET_ATTR),
-    int(Command.CLOSE),
-    int(Command.ROLLOUT_ATTACH),
-    int(Command.ROLLOUT_STEP),
-    int(Command.INFO_ATTACH),
-    int(Command.GET_STATE),
-    int(Command.SET_STATE),
-)
+_STEP, _ROLLOUT_STEP = int(Command.STEP), int(Command.ROLLOUT_STEP)
 
 
 def _obs_error(message: str) -> Exception:
@@ -84,7 +72,7 @@ class Stepper:
         start: int,
         layout: Layout,
         views: dict,
-        autoreset_mode: AutoresetMode,
+        options: WorkerOptions,
         observation_space: Any,
         action_space: Any,
     ) -> None:
@@ -94,9 +82,11 @@ class Stepper:
         self.envs = envs
         self.start = start
         self.stop = start + len(envs)
-        self.mode = autoreset_mode
-        self.next_step = autoreset_mode is AutoresetMode.NEXT_STEP
-        self.same_step = autoreset_mode is AutoresetMode.SAME_STEP
+        self.options = options
+        self.next_step = options.autoreset_mode is AutoresetMode.NEXT_STEP
+        self.same_step = options.autoreset_mode is AutoresetMode.SAME_STEP
+        # The protocol's table names the method that runs each command (step kinds run inline).
+        self._handlers = {int(c): getattr(self, c.handler) for c in Command if c.handler != "step"}
         self.observation_space = observation_space
         self.action_space = action_space
         self.home = self._targets(layout, views, None)  # the regions step and reset use
@@ -288,9 +278,9 @@ class Stepper:
         rews = [0.0] * n
         terms = [False] * n
         truncs = [False] * n
-        ended = None
-        resets = None
-        reports: Reports | None = None
+        ended: list[int] = []
+        resets: list[int] = []
+        reports: Reports = []
         columns = self.info_columns
         if columns is not None:
             columns.clear()
@@ -301,8 +291,6 @@ class Stepper:
                 final_info = None
                 if autoreset[j] and next_step:
                     o, info = env.reset()
-                    if resets is None:
-                        resets = []
                     resets.append(j)
                 else:
                     if fast:
@@ -314,13 +302,9 @@ class Stepper:
                     if te or tr:
                         terms[j] = te
                         truncs[j] = tr
-                        if ended is None:
-                            ended = []
                         ended.append(j)
                         if same_step:
-                            self._write_obs(out.final_obs, j, o)
-                            final_info = {} if info is None else info  # always reported: see InfoMerger.merge
-                            o, info = env.reset()
+                            o, info, final_info = self._reset_in_step(env, out, j, o, info)
                 if gather:
                     gathered[j] = o
                 elif fast and type(o) is ndarray and o.dtype == dtype and o.shape == shape:
@@ -330,24 +314,37 @@ class Stepper:
                 if info and columns is not None and final_info is None:
                     info = columns.write(j, info)  # what is left to pickle
                 if info or final_info is not None:
-                    if reports is None:
-                        reports = []
                     reports.append((self.start + j, final_info, info or {}))
-            if gather and not self._write_gathered(obs0, gathered):
-                for j in range(n):  # one by one, so that the error names the env
-                    self._write_obs(out.obs, j, gathered[j])
-            raw = out.raw
-            try:
-                self._pack_rewards(raw[0], 0, *rews)
-                self._pack_flags(raw[1], 0, *terms)
-                self._pack_flags(raw[2], 0, *truncs)
-            except Exception:  # not a float or a truth value: find the env, name it
-                self._write_outcomes(out, rews, terms, truncs)
         except BaseException:
             self.current = self.start + j  # for the error report; free on the hot path
             raise
+        self._write_step(out, gathered, rews, terms, truncs)  # (names the env at fault itself)
         self._count_episodes(out.rewards, ended, resets)
-        return reports
+        return reports or None
+
+    def _reset_in_step(self, env: Any, out: Targets, j: int, obs: Any, info: Any) -> tuple[Any, Any, dict]:
+        """SAME_STEP: write the ended episode's final observation, reset env ``j``; return the new
+        episode's observation and info, and the final info (always reported: see InfoMerger.merge).
+        """
+        self._write_obs(out.final_obs, j, obs)
+        final_info = {} if info is None else info
+        obs, info = env.reset()
+        return obs, info, final_info
+
+    def _write_step(self, out: Targets, gathered: list, rews: list, terms: list, truncs: list) -> None:
+        """Write a step's gathered observations (if it gathered them), rewards and flags into ``out``."""
+        if gathered and not self._write_gathered(out.obs[0], gathered):
+            for j in range(len(gathered)):  # one by one, so that the error names the env
+                self.current = self.start + j
+                self._write_obs(out.obs, j, gathered[j])
+            self.current = None
+        raw = out.raw
+        try:
+            self._pack_rewards(raw[0], 0, *rews)
+            self._pack_flags(raw[1], 0, *terms)
+            self._pack_flags(raw[2], 0, *truncs)
+        except Exception:  # not a float or a truth value: find the env, name it
+            self._write_outcomes(out, rews, terms, truncs)
 
     def _write_outcomes(self, out: Targets, rews: list, terms: list, truncs: list) -> None:
         """Write rewards and flags env by env; raise naming the first env whose value is not a
@@ -361,6 +358,7 @@ class Stepper:
                 ("truncated", truncs, out.truncations),
             ):
                 value = values[j]
+                self.current = self.start + j
                 try:
                     if value is None or np.ndim(value) != 0:  # numpy would take None for NaN
                         raise ValueError("not a scalar")
@@ -370,8 +368,9 @@ class Stepper:
                         f"env {self.start + j} returned {name} {value!r:.80}: expected a "
                         f"{'float' if name == 'reward' else 'bool'} scalar ({exc})"
                     ) from None
+        self.current = None
 
-    def _count_episodes(self, rewards: Any, ended: list | None, resets: list | None) -> None:
+    def _count_episodes(self, rewards: Any, ended: list[int], resets: list[int]) -> None:
         """Add a step's ``rewards`` to the running episodes, publish the finished ones, and
         update the autoreset flags.
 
@@ -468,7 +467,7 @@ class Stepper:
             self.run_length[j] = episode_length
         self.current = None
 
-    def close(self) -> None:
+    def close(self, payload: None = None) -> None:
         for j, env in enumerate(self.envs):
             self.current = self.start + j
             env.close()
@@ -476,29 +475,17 @@ class Stepper:
 
     def run(self, cmd: int, payload: Any, arg: int = 0) -> Any:
         """Execute one protocol command; return the reply (``None`` when there is none)."""
+        self.current = None  # until an env is at fault
         if cmd == _STEP:
             if payload is not None:  # pickled action leaves (a worker process's block only)
                 self.load_actions(payload)
             return self.step()
         if cmd == _ROLLOUT_STEP:
             return self.step(self.rows[arg])
-        if cmd == _RESET:
-            return self.reset(payload)
-        if cmd == _CALL:
-            return self.call(payload)
-        if cmd == _SET_ATTR:
-            return self.set_attr(payload)
-        if cmd == _CLOSE:
-            return self.close()
-        if cmd == _ROLLOUT_ATTACH:
-            return self.attach_rollout(payload)
-        if cmd == _INFO_ATTACH:
-            return self.attach_infos(payload)
-        if cmd == _GET_STATE:
-            return self.get_state(payload)
-        if cmd == _SET_STATE:
-            return self.set_state(payload)
-        raise ValueError(f"unknown command {cmd}")
+        handler = self._handlers.get(cmd)
+        if handler is None:
+            raise ValueError(f"unknown command {cmd}")
+        return handler(payload)
 
 
 def build_envs(env_fns: Sequence[Callable[[], Any]], start: int, block: int) -> list | ConstructError | Mismatch:

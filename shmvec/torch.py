@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from gymnasium.vector import VectorWrapper
 
-from shmvec.storage import split_policy_output
+from shmvec.rollout_storage import split_policy_output
 from shmvec.tree import assemble, flatten, pickled_fields
 from shmvec.vector_env import ShmVecEnv
 

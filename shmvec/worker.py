@@ -21,8 +21,10 @@ from shmvec.protocol import (
     GO,
     PAYLOAD,
     REPLY_LEN,
+    REPORTING,
     SLEEPING,
     STATUS,
+    WITH_DESCRIPTOR,
     Attach,
     Command,
     ConstructError,
@@ -36,14 +38,7 @@ from shmvec.protocol import (
 from shmvec.stepper import Stepper, build_envs, close_all
 from shmvec.threads import cap_libraries, cap_variables
 
-_STEP, _RESET, _CLOSE, _ROLLOUT_ATTACH, _ROLLOUT_STEP, _INFO_ATTACH = (
-    int(Command.STEP),
-    int(Command.RESET),
-    int(Command.CLOSE),
-    int(Command.ROLLOUT_ATTACH),
-    int(Command.ROLLOUT_STEP),
-    int(Command.INFO_ATTACH),
-)
+_STEP, _RESET, _CLOSE = int(Command.STEP), int(Command.RESET), int(Command.CLOSE)
 _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
 
 # numpy scalar types that travel as Python scalars with nothing lost (see plain_scalars); filled
@@ -146,14 +141,14 @@ def _set_up(block: int, start: int, env_fns_blob: bytes, conn, threads: int | No
             close_all(envs)
             return None
         stage, env_index = "attach", None
-        layout, autoreset_mode, _ = msg
+        layout, options, _ = msg
         from multiprocessing.reduction import recv_handle
 
         from shmvec.segment import map_fd
 
         views = layout.views(map_fd(recv_handle(conn), layout.size))
         env0 = envs[0]
-        stepper = Stepper(envs, start, layout, views, autoreset_mode, env0.observation_space, env0.action_space)
+        stepper = Stepper(envs, start, layout, views, options, env0.observation_space, env0.action_space)
         return stepper, views, msg
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         close_all(envs)
@@ -182,11 +177,9 @@ def _serve(
     reply carries (see ``protocol``).
     """
     import time
-    from multiprocessing.reduction import ForkingPickler, recv_handle
 
     import numpy as np
 
-    from shmvec.segment import map_fd
     from shmvec.sync import block_until, fence, ring, spin_until
 
     _PLAIN[np.float64] = float  # not np.bool_: Gymnasium batches it in an object array, bool in a bool one
@@ -218,24 +211,7 @@ def _serve(
         cmd = int(mine[CMD])
         arg = int(mine[ARG])
         payload = conn.recv() if mine[PAYLOAD] else None
-        try:
-            if cmd == _ROLLOUT_ATTACH or cmd == _INFO_ATTACH:  # the segment's descriptor follows the payload
-                assert payload is not None  # the RolloutLayout or InfoLayout
-                payload = (payload, map_fd(recv_handle(conn), payload.size))
-            reply = envs.run(cmd, payload, arg)
-            if reply is not None and (cmd == _STEP or cmd == _ROLLOUT_STEP or cmd == _RESET):
-                reply = [(env, plain_scalars(final), plain_scalars(info)) for env, final, info in reply]
-            if pickled_obs and (cmd == _STEP or cmd == _RESET):
-                reply = (reply, envs.pickled_results(cmd == _STEP))
-            status = _OK
-            if reply is not None:
-                # Pickled here, not in send: a result that cannot be pickled (an env's
-                # observation or info) is reported as this command's error, not a dead worker.
-                reply = dumps(reply)
-                status = _REPLY
-        except BaseException as exc:
-            reply = ForkingPickler.dumps(error_report(exc, block, envs.current, phase(cmd)))
-            status = _ERROR
+        status, reply = _execute(envs, cmd, payload, arg, conn, block, pickled_obs)
         piped = False
         if status != _OK:
             size = len(reply)
@@ -253,3 +229,30 @@ def _serve(
             conn.send_bytes(reply)
         if cmd == _CLOSE:
             return
+
+
+def _execute(
+    envs: Stepper, cmd: int, payload, arg: int, conn, block: int, pickled_obs: bool
+) -> tuple[int, bytes | memoryview]:
+    """Run one command on the block; return its status and pickled reply (empty when ``OK``).
+
+    The reply is pickled here, not in the pipe's send: a result that cannot be pickled (an
+    env's observation or info) is then this command's error, not a dead worker.
+    """
+    try:
+        if cmd in WITH_DESCRIPTOR:  # a segment's descriptor follows its layout, the payload
+            from multiprocessing.reduction import recv_handle
+
+            from shmvec.segment import map_fd
+
+            payload = (payload, map_fd(recv_handle(conn), payload.size))
+        reply = envs.run(cmd, payload, arg)
+        if reply is not None and cmd in REPORTING:
+            reply = [(env, plain_scalars(final), plain_scalars(info)) for env, final, info in reply]
+        if pickled_obs and (cmd == _STEP or cmd == _RESET):
+            reply = (reply, envs.pickled_results(cmd == _STEP))
+        if reply is None:
+            return _OK, b""
+        return _REPLY, dumps(reply)
+    except BaseException as exc:
+        return _ERROR, dumps(error_report(exc, block, envs.current, phase(cmd)))

@@ -470,7 +470,7 @@ def test_replies_travel_in_shared_memory_or_on_the_pipe_by_size():
             _, _, _, _, want = ref.step(np.zeros(4, dtype=np.int64))
             _, _, _, _, got = envs.step(np.zeros(4, dtype=np.int64))
             assert np.array_equal(got["blob"], want["blob"]) and got["blob"].dtype == want["blob"].dtype, t
-            used.add(envs._pool.lines[0][REPLY_LEN] < 0)
+            used.add(envs._session.pool.lines[0][REPLY_LEN] < 0)
         assert used == {True, False}  # both paths ran
         for nbytes in (10, REPLY_BYTES - 100, REPLY_BYTES + 100, 3 * REPLY_BYTES, 10):
             assert envs.call("payload", nbytes) == (b"x" * nbytes,) * 4
@@ -551,6 +551,6 @@ def test_asynchronous_collection_blocks_where_the_blocks_outnumber_the_cores(mon
 
     monkeypatch.setattr(shmvec.pool, "usable_cores", lambda: 1)
     with shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2) as envs:
-        assert envs._pool._wait_policy.max_spin == 0.0  # spinners would starve blocks of turns
+        assert envs._session.pool._wait_policy.max_spin == 0.0  # spinners would starve blocks of turns
     with shmvec.make("CartPole-v1", num_envs=4, num_workers=2) as envs:
-        assert envs._pool._wait_policy.max_spin > 0.0  # synchronous rounds spin and yield
+        assert envs._session.pool._wait_policy.max_spin > 0.0  # synchronous rounds spin and yield

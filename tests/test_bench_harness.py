@@ -155,18 +155,18 @@ def test_failing_engine_is_reported_with_its_message():
     r = measure(fake_engine(build), spec(), TINY, action_space())
     assert r.status == "failed" and r.reason == "RuntimeError: cannot build"
 
-    stepper = Recorder(fail_step=True)
-    r = measure(fake_engine(lambda s: stepper), spec(), TINY, action_space())
+    driver = Recorder(fail_step=True)
+    r = measure(fake_engine(lambda s: driver), spec(), TINY, action_space())
     assert r.status == "failed" and r.reason == "ZeroDivisionError: step exploded"
-    assert stepper.closed  # closed even though it failed
+    assert driver.closed  # closed even though it failed
 
 
 def test_hung_engine_times_out():
-    stepper = Recorder(hang=True)
+    driver = Recorder(hang=True)
     t0 = time.perf_counter()
-    r = measure(fake_engine(lambda s: stepper), spec(), TINY, action_space(), timeout=0.2)
+    r = measure(fake_engine(lambda s: driver), spec(), TINY, action_space(), timeout=0.2)
     assert time.perf_counter() - t0 < 3
-    assert r.status == "failed" and "gave up" in r.reason and stepper.closed
+    assert r.status == "failed" and "gave up" in r.reason and driver.closed
 
 
 def test_failing_engine_does_not_stop_the_sweep(monkeypatch):
@@ -183,7 +183,7 @@ def test_failing_engine_does_not_stop_the_sweep(monkeypatch):
 
 
 class Logged(Recorder):
-    """A stepper that logs its name at every step call into a shared list."""
+    """A driver that logs its name at every step call into a shared list."""
 
     def __init__(self, name: str, log: list, fail_at_call: int | None = None) -> None:
         super().__init__()
@@ -202,13 +202,13 @@ def named_engine(key: str, build) -> Engine:
 
 def test_measure_group_takes_windows_in_turn_rotating_the_order():
     log: list[str] = []
-    steppers = {k: Logged(k, log) for k in "abc"}
+    drivers = {k: Logged(k, log) for k in "abc"}
     timing = Timing(seconds=0.005, repeats=3, warmup=0.0)
-    engines = [named_engine(k, lambda s, k=k: steppers[k]) for k in "abc"]
+    engines = [named_engine(k, lambda s, k=k: drivers[k]) for k in "abc"]
     results = measure_group(engines, spec(), timing, action_space(), group=7)
     assert [r.status for r in results] == ["ok"] * 3
     assert all(len(r.repeats) == 3 and r.group == 7 for r in results)
-    assert all(s.closed for s in steppers.values())
+    assert all(s.closed for s in drivers.values())
     # a warm-up call each as it is built, a second warm-up in turn, then three rounds: abc, bca, cab
     runs = [k for i, k in enumerate(log) if i == 0 or log[i - 1] != k]
     assert runs == list("abc") + list("abc") + list("abc") + list("bca") + list("cab")

@@ -6,9 +6,9 @@ import importlib
 import pytest
 
 
-@pytest.mark.parametrize("module", ["shmvec", "shmvec.vector_env", "shmvec.make_vec", "shmvec.rollout",
+@pytest.mark.parametrize("module", ["shmvec", "shmvec.vector_env", "shmvec.make_vec", "shmvec.async_rollout",
                                     "shmvec.advantage", "shmvec.torch", "shmvec.baselines", "shmvec.pettingzoo",
-                                    "shmvec.sb3"])
+                                    "shmvec.sb3", "shmvec.rollouts", "shmvec.states"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0

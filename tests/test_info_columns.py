@@ -48,7 +48,7 @@ def test_infos_equal_sync_vector_env_with_columns(mode, step_in_main):
     try:
         envs.reset(seed=1)
         envs.step(np.zeros(4, np.int64))
-        reader = envs._infos.columns
+        reader = envs._session.infos.columns
         assert reader is not None and set(reader.keys) == {"x_position", "lives", "frame", "alive"}
     finally:
         envs.close()
@@ -77,7 +77,7 @@ def test_a_step_of_column_keys_pickles_nothing():
     try:
         envs.reset(seed=0)
         envs.step(np.zeros(3, np.int64))  # the first step's infos pick the columns
-        stepper = envs._pool.main.stepper
+        stepper = envs._session.pool.main.stepper
         replies = []
         step = stepper.step
         stepper.step = lambda out=None: replies.append(step(out)) or replies[-1]
@@ -113,7 +113,7 @@ def test_a_restarted_worker_writes_the_columns_again():
     try:
         envs.reset(seed=0)
         envs.step(np.zeros(4, np.int64))
-        assert envs._infos.columns is not None
+        assert envs._session.infos.columns is not None
         os.kill(envs.worker_pids[0], signal.SIGKILL)
         _, _, _, _, infos = envs.step(np.zeros(4, np.int64))
         assert infos["restarted"].tolist() == [True, True, False, False]

@@ -11,7 +11,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from test_equivalence import assert_same
 
 import shmvec
-from shmvec.storage import split_policy_output
+from shmvec.rollout_storage import split_policy_output
 
 
 def cartpole():

@@ -470,9 +470,9 @@ def test_spin_policies_spin_us_sets_both():
 @pytest.mark.parametrize("cores", [1, 2, 3])
 def test_default_workers_never_exceed_the_cores(monkeypatch, cores):
     import shmvec
-    import shmvec.vector_env
+    import shmvec.options
 
-    monkeypatch.setattr(shmvec.vector_env, "usable_cores", lambda: cores)
+    monkeypatch.setattr(shmvec.options, "usable_cores", lambda: cores)
     with shmvec.make("CartPole-v1", num_envs=5) as envs:
         assert envs.num_workers == min(cores, 5) and len(envs.worker_pids) == envs.num_workers
     with shmvec.make("CartPole-v1", num_envs=5, step_in_main=True) as envs:

@@ -177,14 +177,14 @@ def test_fixed_spaces_send_nothing_per_step_and_variable_ones_one_reply_per_work
     with shmvec.make("CartPole-v1", num_envs=4, num_workers=2, step_in_main=False) as envs:
         envs.reset(seed=0)
         envs.step(np.zeros(4, dtype=np.int64))
-        pool = envs._pool
+        pool = envs._session.pool
         assert pool._pickled_act == [] and not pool._pickled_obs
         assert [pool.lines[w][STATUS] for w in range(2)] == [Status.OK, Status.OK]
         assert [pool.lines[w][PAYLOAD] for w in range(2)] == [0, 0]
     with shmvec.ShmVecEnv(env_fns("Text", 4), num_workers=2, step_in_main=False) as envs:
         envs.reset(seed=0)
         envs.step(("a", "b", "c", "d"))
-        pool = envs._pool
+        pool = envs._session.pool
         assert [pool.lines[w][STATUS] for w in range(2)] == [Status.REPLY, Status.REPLY]
         assert [pool.lines[w][PAYLOAD] for w in range(2)] == [1, 1]
 

@@ -3,7 +3,7 @@
 Each engine is built the way its own documentation advises: shmvec with one worker per usable
 core, Gymnasium's ``AsyncVectorEnv``, the classic ``SubprocVecEnv`` and SB3's with one process
 per env, EnvPool with one thread per usable core. Every one is wrapped in the same tiny
-:class:`Stepper` surface (``reset(seed)``, ``step(actions)``, ``close()``) so the harness times
+:class:`Driver` surface (``reset(seed)``, ``step(actions)``, ``close()``) so the harness times
 them all with the same loop. Optional peers (SB3, EnvPool) are skipped when not installed.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from shmvec.bench.workloads import Workload
 
-__all__ = ["CEILING", "ENGINES", "Engine", "RunSpec", "Stepper", "VectorEnvStepper", "get_engines", "make_actions"]
+__all__ = ["CEILING", "ENGINES", "Engine", "RunSpec", "Driver", "VectorEnvDriver", "get_engines", "make_actions"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def make_actions(single_action_space: Any, num_envs: int, seed: int, count: int 
     return [space.sample() for _ in range(count)]
 
 
-class Stepper(Protocol):
+class Driver(Protocol):
     """The surface the harness times; ``step`` results are ignored.
 
     ``steps_per_call`` (optional, default 1): vector steps one ``step`` call makes (a rollout
@@ -69,7 +69,7 @@ class Stepper(Protocol):
     def close(self) -> None: ...
 
 
-class VectorEnvStepper:
+class VectorEnvDriver:
     """Any Gymnasium ``VectorEnv`` (shmvec's included)."""
 
     def __init__(self, env: Any, workers: int) -> None:
@@ -83,7 +83,7 @@ class VectorEnvStepper:
         self.env.close()
 
 
-class _RowStepper(VectorEnvStepper):
+class _RowDriver(VectorEnvDriver):
     """A vector env with one row per agent: the harness's actions come as ``[copies, agents, ...]``
     (what the serial references take) and are flattened to rows, a view, before each step."""
 
@@ -92,7 +92,7 @@ class _RowStepper(VectorEnvStepper):
         self.step = lambda actions, step=env.step: step(actions.reshape(rows, *actions.shape[2:]))
 
 
-class _ResetSeedStepper:
+class _ResetSeedDriver:
     """Engines whose ``reset`` takes the seed positionally and ``step`` the actions (classic, serial)."""
 
     def __init__(self, env: Any, workers: int) -> None:
@@ -106,7 +106,7 @@ class _ResetSeedStepper:
         self.env.close()
 
 
-class _SB3Stepper:
+class _SB3Driver:
     def __init__(self, env: Any, workers: int) -> None:
         self.env, self.workers = env, workers
         self.step = env.step
@@ -119,7 +119,7 @@ class _SB3Stepper:
         self.env.close()
 
 
-class _EnvPoolStepper:
+class _EnvPoolDriver:
     def __init__(self, env: Any, workers: int) -> None:
         self.env, self.workers = env, workers
         self.step = env.step
@@ -133,7 +133,7 @@ class _EnvPoolStepper:
             close()
 
 
-class _TorchRLStepper:
+class _TorchRLDriver:
     """TorchRL's ``ParallelEnv``: actions go in as a tensor of the TensorDict; its own autoreset
     (``step_and_maybe_reset``, what TorchRL's collectors call) carries on past episode ends."""
 
@@ -169,7 +169,7 @@ class TorchRLMake:
         return GymWrapper(self.make_env(), categorical_action_encoding=True)
 
 
-class _AsyncStepper:
+class _AsyncDriver:
     """shmvec's asynchronous collection timed as the sync engines are: one ``step`` call runs
     recv/send cycles until every env has advanced once on average (``num_envs`` env steps)."""
 
@@ -212,7 +212,7 @@ class _CyclingPolicy:
         return self.actions[self.i % len(self.actions)]
 
 
-class _StepLoopStepper:
+class _StepLoopDriver:
     """What a PPO loop does with ``step``: ``T`` steps, each copied into ``[T, N]`` rollout buffers."""
 
     def __init__(self, env: Any, workers: int, actions: list[Any]) -> None:
@@ -255,7 +255,7 @@ class _StepLoopStepper:
         self.env.close()
 
 
-class _RolloutStepper:
+class _RolloutDriver:
     """``ShmVecEnv.rollout``: the workers write the ``[T, N]`` buffers in place."""
 
     def __init__(self, env: Any, workers: int, actions: list[Any]) -> None:
@@ -282,28 +282,28 @@ def _layout(spec: RunSpec, step_in_main: bool) -> tuple[int, dict[str, Any]]:
     return blocks, {"num_workers": blocks - in_main, "step_in_main": in_main}
 
 
-def _build_shmvec(step_in_main: bool) -> Callable[[RunSpec], Stepper]:
-    def build(spec: RunSpec) -> Stepper:
+def _build_shmvec(step_in_main: bool) -> Callable[[RunSpec], Driver]:
+    def build(spec: RunSpec) -> Driver:
         blocks, layout = _layout(spec, step_in_main)
         if spec.workload.multi_agent:
             from shmvec.pettingzoo import MultiAgentVecEnv
 
             rows = MultiAgentVecEnv(spec.parallel_fns(), spin_us=spec.spin_us, **layout)
-            return _RowStepper(rows, blocks, spec.rows)
+            return _RowDriver(rows, blocks, spec.rows)
         from shmvec.vector_env import ShmVecEnv
 
-        return VectorEnvStepper(ShmVecEnv(spec.env_fns(), spin_us=spec.spin_us, **layout), blocks)
+        return VectorEnvDriver(ShmVecEnv(spec.env_fns(), spin_us=spec.spin_us, **layout), blocks)
 
     return build
 
 
-def _build_shmvec_async(step_in_main: bool, ordered: bool = False) -> Callable[[RunSpec], Stepper]:
-    def build(spec: RunSpec) -> Stepper:
+def _build_shmvec_async(step_in_main: bool, ordered: bool = False) -> Callable[[RunSpec], Driver]:
+    def build(spec: RunSpec) -> Driver:
         from shmvec.vector_env import ShmVecEnv
 
         blocks, layout = _layout(spec, step_in_main)
         env = ShmVecEnv(spec.env_fns(), batch_size=spec.num_envs // blocks, ordered=ordered, **layout)
-        return _AsyncStepper(env, blocks)
+        return _AsyncDriver(env, blocks)
 
     return build
 
@@ -312,44 +312,44 @@ def _rollout_actions(spec: RunSpec, env: Any) -> list[Any]:
     return make_actions(env.single_action_space, spec.num_envs, spec.seed)
 
 
-def _build_shmvec_loop(spec: RunSpec) -> Stepper:
+def _build_shmvec_loop(spec: RunSpec) -> Driver:
     from shmvec.vector_env import ShmVecEnv
 
     blocks, layout = _layout(spec, False)
     env = ShmVecEnv(spec.env_fns(), spin_us=spec.spin_us, **layout)
-    return _StepLoopStepper(env, blocks, _rollout_actions(spec, env))
+    return _StepLoopDriver(env, blocks, _rollout_actions(spec, env))
 
 
-def _build_shmvec_rollout(spec: RunSpec) -> Stepper:
+def _build_shmvec_rollout(spec: RunSpec) -> Driver:
     from shmvec.vector_env import ShmVecEnv
 
     blocks, layout = _layout(spec, False)
     env = ShmVecEnv(spec.env_fns(), spin_us=spec.spin_us, **layout)
-    return _RolloutStepper(env, blocks, _rollout_actions(spec, env))
+    return _RolloutDriver(env, blocks, _rollout_actions(spec, env))
 
 
-def _build_gym_sync(spec: RunSpec) -> Stepper:
+def _build_gym_sync(spec: RunSpec) -> Driver:
     from gymnasium.vector import SyncVectorEnv
 
-    return VectorEnvStepper(SyncVectorEnv(spec.env_fns()), 1)
+    return VectorEnvDriver(SyncVectorEnv(spec.env_fns()), 1)
 
 
-def _build_gym_async(shared_memory: bool) -> Callable[[RunSpec], Stepper]:
-    def build(spec: RunSpec) -> Stepper:
+def _build_gym_async(shared_memory: bool) -> Callable[[RunSpec], Driver]:
+    def build(spec: RunSpec) -> Driver:
         from gymnasium.vector import AsyncVectorEnv
 
-        return VectorEnvStepper(AsyncVectorEnv(spec.env_fns(), shared_memory=shared_memory), spec.num_envs)
+        return VectorEnvDriver(AsyncVectorEnv(spec.env_fns(), shared_memory=shared_memory), spec.num_envs)
 
     return build
 
 
-def _build_classic(spec: RunSpec) -> Stepper:
+def _build_classic(spec: RunSpec) -> Driver:
     from shmvec.bench.classic import ClassicSubprocVecEnv
 
-    return _ResetSeedStepper(ClassicSubprocVecEnv(spec.env_fns()), spec.num_envs)
+    return _ResetSeedDriver(ClassicSubprocVecEnv(spec.env_fns()), spec.num_envs)
 
 
-def _build_sb3(spec: RunSpec) -> Stepper:
+def _build_sb3(spec: RunSpec) -> Driver:
     import multiprocessing as mp
 
     from stable_baselines3.common.vec_env import SubprocVecEnv
@@ -358,10 +358,10 @@ def _build_sb3(spec: RunSpec) -> Stepper:
     # minute to start 32 envs on 2 cores. Stepping does not depend on the start method, so
     # fork (where it exists) keeps the sweep short without changing what is measured.
     method = "fork" if "fork" in mp.get_all_start_methods() else None
-    return _SB3Stepper(SubprocVecEnv(spec.env_fns(), start_method=method), spec.num_envs)
+    return _SB3Driver(SubprocVecEnv(spec.env_fns(), start_method=method), spec.num_envs)
 
 
-def _build_torchrl(spec: RunSpec) -> Stepper:
+def _build_torchrl(spec: RunSpec) -> Driver:
     import multiprocessing as mp
 
     from torchrl.envs import ParallelEnv
@@ -369,10 +369,10 @@ def _build_torchrl(spec: RunSpec) -> Stepper:
     # One process per env, as TorchRL's docs build a ParallelEnv; fork where it exists, as for SB3.
     method = "fork" if "fork" in mp.get_all_start_methods() else None
     env = ParallelEnv(spec.num_envs, TorchRLMake(spec.workload.make_env), mp_start_method=method)
-    return _TorchRLStepper(env, spec.num_envs)
+    return _TorchRLDriver(env, spec.num_envs)
 
 
-def _build_envpool(spec: RunSpec) -> Stepper:
+def _build_envpool(spec: RunSpec) -> Driver:
     import envpool
 
     assert spec.workload.envpool_id is not None  # EnvPool runs only the workloads it has (_envpool_supports)
@@ -380,23 +380,23 @@ def _build_envpool(spec: RunSpec) -> Stepper:
     env = envpool.make(
         spec.workload.envpool_id, env_type="gymnasium", num_envs=spec.num_envs, num_threads=threads, seed=spec.seed
     )
-    return _EnvPoolStepper(env, threads)
+    return _EnvPoolDriver(env, threads)
 
 
-def _build_serial(spec: RunSpec) -> Stepper:
+def _build_serial(spec: RunSpec) -> Driver:
     from shmvec.bench.serial import SerialLoop
 
-    return _ResetSeedStepper(SerialLoop(spec.env_fns()), 1)
+    return _ResetSeedDriver(SerialLoop(spec.env_fns()), 1)
 
 
-def _build_split_serial(spec: RunSpec) -> Stepper:
+def _build_split_serial(spec: RunSpec) -> Driver:
     from shmvec.bench.serial import SplitSerial
 
-    return SplitSerial(spec.env_fns(), spec.num_workers)  # a Stepper itself: steps_per_call varies
+    return SplitSerial(spec.env_fns(), spec.num_workers)  # a Driver itself: steps_per_call varies
 
 
-def _build_supersuit(multiprocessing: bool) -> Callable[[RunSpec], Stepper]:
-    def build(spec: RunSpec) -> Stepper:
+def _build_supersuit(multiprocessing: bool) -> Callable[[RunSpec], Driver]:
+    def build(spec: RunSpec) -> Driver:
         import supersuit as ss
 
         assert spec.workload.make_parallel is not None  # a multi-agent engine runs multi-agent workloads only
@@ -407,7 +407,7 @@ def _build_supersuit(multiprocessing: bool) -> Callable[[RunSpec], Stepper]:
             num_cpus=cpus,
             base_class="gymnasium",
         )
-        return _RowStepper(env, max(cpus, 1), spec.rows)
+        return _RowDriver(env, max(cpus, 1), spec.rows)
 
     return build
 
@@ -445,7 +445,7 @@ class Engine:
     description : str
         How it is built.
     build : callable
-        ``build(spec) -> Stepper``.
+        ``build(spec) -> Driver``.
     processes : callable
         ``processes(spec) -> int``: processes it starts besides the caller (for the caps).
     requires : str, optional
@@ -464,7 +464,7 @@ class Engine:
     key: str
     label: str
     description: str
-    build: Callable[[RunSpec], Stepper]
+    build: Callable[[RunSpec], Driver]
     processes: Callable[[RunSpec], int]
     requires: str | None = None
     install_hint: str = ""

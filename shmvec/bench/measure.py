@@ -14,13 +14,13 @@ import signal
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from shmvec.bench.engines import Engine, RunSpec, Stepper, make_actions
+from shmvec.bench.engines import Driver, Engine, RunSpec, make_actions
 from shmvec.bench.memory import tree_memory
 
 __all__ = ["RunResult", "Timing", "measure", "measure_group", "step_for"]
@@ -92,14 +92,14 @@ class RunResult:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def step_for(stepper: Stepper, actions: list[Any], seconds: float, min_steps: int = 2) -> tuple[int, float]:
+def step_for(driver: Driver, actions: list[Any], seconds: float, min_steps: int = 2) -> tuple[int, float]:
     """Step until ``seconds`` have passed (and at least ``min_steps``); returns ``(vector steps, elapsed)``.
 
     The clock is read once per step: ~0.1 us against the microseconds a vector step costs.
     """
-    step = stepper.step
+    step = driver.step
     k = len(actions)
-    per_call = getattr(stepper, "steps_per_call", 1)
+    per_call = getattr(driver, "steps_per_call", 1)
     steps = calls = 0
     start = time.perf_counter()
     end = start + seconds
@@ -174,20 +174,20 @@ def measure_group(
     engine is closed at the end; ``KeyboardInterrupt`` closes them all and propagates.
     """
     results = [RunResult(spec.workload.key, spec.num_envs, e.key, status="failed", group=group) for e in engines]
-    steppers: list[Stepper | None] = [None] * len(engines)
+    drivers: list[Driver | None] = [None] * len(engines)
 
     def fail(i: int, exc: BaseException) -> None:
         results[i].status, results[i].reason = "failed", _one_line(exc)
-        _close(steppers[i], results[i], timeout)
-        steppers[i] = None
+        _close(drivers[i], results[i], timeout)
+        drivers[i] = None
 
     def window(i: int, seconds: float, min_steps: int) -> tuple[int, float] | None:
         """Step engine ``i`` for ``seconds``; on a failure or hang, fail it and return ``None``."""
         try:
-            stepper = steppers[i]
-            assert stepper is not None  # called for the engines still alive only
+            driver = drivers[i]
+            assert driver is not None  # called for the engines still alive only
             with deadline(timeout):
-                return step_for(stepper, actions, seconds, min_steps=min_steps)
+                return step_for(driver, actions, seconds, min_steps=min_steps)
         except Exception as exc:
             fail(i, exc)
             return None
@@ -206,7 +206,7 @@ def measure_group(
                     base = tree_memory()
                     result.base_rss_mb, result.base_pss_mb = base.rss_mb, base.pss_mb
                     t0 = time.perf_counter()
-                    built = steppers[i] = engine.build(spec)
+                    built = drivers[i] = engine.build(spec)
                     built.reset(spec.seed)
                     result.setup_s = time.perf_counter() - t0
                     result.workers = built.workers
@@ -219,35 +219,52 @@ def measure_group(
         # A second, untimed warm-up in turn, once every engine is built: whatever the builds set
         # going (memory being mapped, processes starting) settles before round 0.
         if len(engines) > 1:
-            for i in [i for i, s in enumerate(steppers) if s is not None]:
+            for i in [i for i, s in enumerate(drivers) if s is not None]:
                 window(i, timing.warmup, 1)
-        for r in range(timing.repeats):
-            live = [i for i, s in enumerate(steppers) if s is not None]
-            turn = r % len(live) if live else 0
-            for i in live[turn:] + live[:turn]:
-                timed = window(i, timing.seconds, 2)
-                if timed is not None:
-                    steps, elapsed = timed
-                    results[i].vector_steps += steps
-                    results[i].repeats.append(spec.rows * steps / elapsed)
-        for i, stepper in enumerate(steppers):
-            if stepper is not None:
+        _timed_rounds(drivers, results, timing, spec.rows, window)
+        for i, driver in enumerate(drivers):
+            if driver is not None:
                 results[i].steps_per_s = statistics.median(results[i].repeats)
                 results[i].status = "ok"
     finally:
-        for i, stepper in enumerate(steppers):
-            _close(stepper, results[i], timeout)
-        steppers.clear()
+        for i, driver in enumerate(drivers):
+            _close(driver, results[i], timeout)
+        drivers.clear()
         gc.collect()  # free these engines' buffers before the next ones are measured
     return results
 
 
-def _close(stepper: Stepper | None, result: RunResult, timeout: float | None) -> None:
-    if stepper is None:
+def _timed_rounds(
+    drivers: list[Driver | None],
+    results: list[RunResult],
+    timing: Timing,
+    rows: int,
+    window: Callable[[int, float, int], tuple[int, float] | None],
+) -> None:
+    """``timing.repeats`` rounds of one timed window per engine still alive, each engine's rate in
+    its result's ``repeats``.
+
+    The order rotates every round, so that no engine is always first. ``window`` is
+    :func:`measure_group`'s: it fails an engine that fails or hangs (its driver becomes
+    ``None``), so the engines alive are counted again each round.
+    """
+    for r in range(timing.repeats):
+        live = [i for i, s in enumerate(drivers) if s is not None]
+        turn = r % len(live) if live else 0
+        for i in live[turn:] + live[:turn]:
+            timed = window(i, timing.seconds, 2)
+            if timed is not None:
+                steps, elapsed = timed
+                results[i].vector_steps += steps
+                results[i].repeats.append(rows * steps / elapsed)
+
+
+def _close(driver: Driver | None, result: RunResult, timeout: float | None) -> None:
+    if driver is None:
         return
     try:
         with deadline(None if timeout is None else 30.0):
-            stepper.close()
+            driver.close()
     except Exception as exc:
         if result.ok:
             result.status, result.reason = "failed", f"close: {_one_line(exc)}"

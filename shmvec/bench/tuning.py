@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 import gymnasium as gym
 
-from shmvec.bench.engines import Engine, RunSpec, Stepper, VectorEnvStepper, get_engines
+from shmvec.bench.engines import Driver, Engine, RunSpec, VectorEnvDriver, get_engines
 from shmvec.bench.machine import machine_info, parallel_scaling
 from shmvec.bench.measure import RunResult, Timing, measure
 from shmvec.bench.progress import Progress
@@ -60,10 +60,10 @@ class Candidate:
     def engine(self) -> Engine:
         kwargs = self.kwargs()
 
-        def build(spec: RunSpec) -> Stepper:
+        def build(spec: RunSpec) -> Driver:
             from shmvec.vector_env import ShmVecEnv
 
-            return VectorEnvStepper(ShmVecEnv(spec.env_fns(), **kwargs), self.num_workers)
+            return VectorEnvDriver(ShmVecEnv(spec.env_fns(), **kwargs), self.num_workers)
 
         return Engine("shmvec", "shmvec", str(kwargs), build, lambda spec: kwargs["num_workers"])
 

@@ -3,7 +3,7 @@
 The workers write observations, rewards and flags into the rollout segment row by row
 (:class:`~shmvec.layout.RolloutLayout`); the parent writes each row's actions there and keeps
 whatever else the policy returns (log-probabilities, values, ...) in arrays of its own. This
-module knows nothing of processes or envs: :mod:`shmvec.rollout_loop` fills it.
+module knows nothing of processes or envs: :mod:`shmvec.rollouts` fills it.
 """
 
 from __future__ import annotations

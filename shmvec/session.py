@@ -1,0 +1,285 @@
+"""The engine under a :class:`~shmvec.ShmVecEnv`: command rounds, and what every round's results go through.
+
+A :class:`Session` owns the :class:`~shmvec.pool.WorkerPool` and the calling process's side of
+the shared segment. Every round the vector env runs goes through it, so that what follows a
+round is written once: the error policy (``on_error``: raise and close, or restart the failed
+blocks), the merge of the envs' infos, the discovery of scalar info columns, and the
+``check_finite`` test. The public classes (the synchronous API, asynchronous collection,
+rollouts, snapshots) only say which round to run and hand out its results.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from gymnasium.vector import AutoresetMode
+
+from shmvec.actions import ActionBatch
+from shmvec.async_batches import Batch
+from shmvec.errors import PayloadError, WorkerError
+from shmvec.info_columns import ColumnReader, InfoSchema
+from shmvec.infos import InfoMerger
+from shmvec.lifecycle import Lifecycle, refuse
+from shmvec.options import Options
+from shmvec.pool import BlockState, Failures, PoolState, WorkerPool
+from shmvec.protocol import Command, Restart
+from shmvec.protocol import restart as restart_of
+from shmvec.results import Results
+from shmvec.stepper import Targets
+
+__all__ = ["Session"]
+
+NO_ENVS: tuple[int, ...] = ()  # no env restarted (shared: never changed)
+_IN_FLIGHT = BlockState.IN_FLIGHT
+_READY = Lifecycle.READY
+_RESET = int(Command.RESET)
+
+
+class Session:
+    """The rounds of one vector env over its pool, with its error policy and its results.
+
+    Parameters
+    ----------
+    env_fns : sequence of callables returning ``gymnasium.Env``
+    options : Options
+        Resolved options (:meth:`Options.resolve`).
+    owner : object
+        The vector env, held weakly: a round that raises closes it (see :class:`ClosingOnError`).
+
+    Attributes
+    ----------
+    pool : WorkerPool
+    results : Results
+        The result regions; ``home`` is where a synchronous step writes.
+    latest : list of ndarray
+        The leaves that hold every env's latest observation: the regular regions, or the rows
+        of a rollout's storage after one ran.
+    restarts : list of (worker index or None, env range, exception)
+        Every block that ``on_error="restart"`` replaced.
+    """
+
+    def __init__(self, env_fns: Sequence[Callable[[], Any]], options: Options, owner: Any) -> None:
+        self.options = options
+        self.pool = pool = WorkerPool(env_fns, options)
+        self.spaces = pool.spaces
+        self.restarts: list[tuple[int | None, range, Exception]] = []
+        self.closing = ClosingOnError(weakref.ref(owner), pool)
+        obs_space, layout, views = pool.spaces.observation_space, pool.layout, pool.views
+        self.actions = ActionBatch(pool.spaces.action_space, options.validate_actions)
+        self.results = Results(obs_space, layout, views)
+        self.home: Targets = self.results.home
+        self.infos = InfoMerger(obs_space, layout.obs_leaves, pool.num_envs)
+        self.autoreset = views["autoreset"]
+        self.latest = self.home.obs
+        self.states = pool.states  # read on the step path
+        self.next_step = options.autoreset_mode is AutoresetMode.NEXT_STEP
+        self.same_step = options.autoreset_mode is AutoresetMode.SAME_STEP
+        self.check_finite = options.check_finite  # (read on the step path)
+        self._learn_infos = True  # until the first step with infos picked the info columns
+        self.state = Lifecycle.NEEDS_RESET  # the vector env's, checked by every public method
+
+    def guard(self, method: str, needs_reset: bool = True, sync: bool = True) -> None:
+        """Refuse ``method`` on a closed env (and, where it ``needs_reset``, on one not reset
+        yet); before a synchronous round (``sync``), wait for the commands in flight that
+        ``send``/``async_reset`` started and drop their results (:meth:`drain`).
+        """
+        if self.state is not _READY:
+            refuse(self.state, "ShmVecEnv", method, needs_reset)
+        if sync:
+            self.drain()
+
+    # -- the rounds --------------------------------------------------------------------------
+    def round(self, cmd: int, payloads: list | None = None, block_ids: list[int] | None = None) -> list:
+        """A round whose replies are the caller's to read (call, set_attr, snapshots): one reply
+        per block. A failure is raised; the env stays open if only envs raised (a lost worker,
+        or a step or reset half done, closes it).
+        """
+        replies, failures = self._run(cmd, payloads, 0, block_ids)
+        if failures:
+            self.settle(failures, Restart.RAISE, self.home, closes_on_error=False)
+        return replies
+
+    def step(self, cmd: int, out: Targets, arg: int = 0, payloads: list | None = None) -> tuple[dict, Sequence[int]]:
+        """A STEP, ROLLOUT_STEP (row ``arg``) or RESET round writing into ``out``: apply
+        ``on_error``, merge the infos, check finiteness. Returns ``(infos, envs restarted)``.
+        """
+        replies, failures = self._run(cmd, payloads, arg, None)
+        restarted: Sequence[int] = NO_ENVS
+        if failures:
+            restarted = self.settle(failures, restart_of(cmd), out)
+        if cmd == _RESET:
+            self.state = _READY  # (before the check: a non-finite observation leaves the envs reset)
+            infos = self.infos.merge(replies, False, out, NO_ENVS, with_columns=False)
+            if self.check_finite:
+                self.finite(out, rewards=False)
+            return infos, NO_ENVS
+        infos = self.infos_of(replies, restarted, out, self.same_step)
+        if self.check_finite:
+            self.finite(out)
+        return infos, restarted
+
+    def infos_of(
+        self, replies: list, restarted: Sequence[int], out: Targets, same_step: bool, batch: Batch | None = None
+    ) -> dict[str, Any]:
+        """The infos of a step's ``replies``, merged as Gymnasium merges them; after the first
+        synchronous step that has some, their scalar keys get columns in shared memory.
+        ``batch``: the envs of an asynchronous batch (default: every env), whose infos teach no
+        columns (attaching them is a round of every block, and other blocks are in flight).
+        """
+        if batch is not None:
+            return self.infos.merge(replies, same_step, out, restarted, batch.ids)
+        infos = self.infos.merge(replies, same_step, out, restarted)
+        if infos and self._learn_infos:
+            self._columns_for(infos)
+        return infos
+
+    def finite(self, out: Targets, batch: Batch | None = None, rewards: bool = True) -> None:
+        """Raise :class:`~shmvec.NonFiniteError` if a result in ``out`` (of ``batch``'s envs,
+        default all) is NaN or infinite: what ``check_finite`` asks after every step and reset.
+        """
+        if batch is None:
+            self.results.check_finite(rewards=rewards, out=out)
+        else:
+            self.results.check_finite(rewards=rewards, index=batch.rows)
+
+    def _run(self, cmd: int, payloads: list | None, arg: int, block_ids: list[int] | None) -> tuple[list, Failures]:
+        with self.closing:
+            try:
+                return self.pool.run(cmd, payloads, arg=arg, block_ids=block_ids)
+            except KeyboardInterrupt:
+                # The round finishes in the workers and is dropped (ClosingOnError keeps the env
+                # open): its results are lost, so the caller starts again from a reset.
+                if self.state is _READY:
+                    self.state = Lifecycle.NEEDS_RESET
+                raise
+
+    def submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:
+        """Start ``cmd`` on ``blocks`` without waiting (asynchronous collection)."""
+        with self.closing:
+            self.pool.submit(cmd, blocks, payloads)
+        self.latest = self.home.obs
+
+    def receive(self, count: int, ordered: bool) -> tuple[list[int], dict[int, Any], Sequence[int]]:
+        """Wait for ``count`` blocks in flight; ``(ready blocks, replies, envs restarted)``, the
+        failures settled as a step's are (a restart only where every failed block stepped).
+        """
+        pool = self.pool
+        with self.closing:
+            ready, got, failures = pool.receive(count, ordered)
+        restarted: Sequence[int] = NO_ENVS
+        if failures:
+            commands = pool.commands
+            steps = all(restart_of(commands[b]) is Restart.REPLACE for b in failures)
+            restarted = self.settle(failures, Restart.REPLACE if steps else Restart.RAISE, self.home)
+        return ready, got, restarted
+
+    def drain(self) -> None:
+        """Wait for every command in flight and drop its results (before a synchronous round:
+        their actions must not be overwritten, and nothing may answer two commands).
+        """
+        if _IN_FLIGHT not in self.states:  # the usual case, on the step path
+            return
+        with self.closing:
+            _, _, failures = self.pool.receive(len(self.states))
+            self.pool.raise_first({b: e for b, e in failures.items() if not isinstance(e, WorkerError)})
+
+    def in_flight(self, blocks: Sequence[int] | None = None) -> bool:
+        """Whether any block (of ``blocks``) has a command in flight."""
+        states = self.states
+        if blocks is None:
+            return _IN_FLIGHT in states  # (on recv's path: one C-level scan)
+        return any(states[b] is _IN_FLIGHT for b in blocks)
+
+    # -- the error policy --------------------------------------------------------------------
+    def settle(self, failures: Failures, restart: Restart, out: Targets, closes_on_error: bool = True) -> list[int]:
+        """Apply ``on_error`` to the blocks that failed: restart them (a step's results go to
+        ``out``) where the command allows it (``restart``) and the user asked to, and return
+        the envs restarted; else raise the first failure. Raising closes the env, unless
+        ``closes_on_error`` is False and only envs raised.
+        """
+        if restart is Restart.REPLACE and self.options.on_error == "restart":
+            with self.closing:
+                return self._restart(failures, out)
+        if closes_on_error or any(not isinstance(exc, WorkerError) for exc in failures.values()):
+            with self.closing:  # a lost worker, or a step or reset half done: the envs' state is unknown
+                self.pool.raise_first(failures)
+        self.pool.raise_first(failures)
+        return []  # not reached: raise_first raised
+
+    def _restart(self, failures: Failures, out: Targets) -> list[int]:
+        """Give the failed blocks new envs, reset them, and mark them in this step's results
+        ``out``; return the envs restarted.
+        """
+        pool, blocks, home = self.pool, sorted(failures), self.home
+        for block in blocks:
+            pool.restart_block(block)
+        payloads = [(None, None, None) if b in failures else None for b in range(len(pool.blocks))]
+        _, again = pool.run(Command.RESET, payloads, block_ids=blocks)
+        pool.raise_first(again)
+        for block in blocks:
+            sl = slice(pool.blocks[block].start, pool.blocks[block].stop)
+            if out is not home:  # the reset wrote the regular regions
+                for dst, src in zip(out.obs, home.obs):
+                    dst[sl] = src[sl]
+            out.rewards[sl] = 0.0
+            out.terminations[sl] = False
+            out.truncations[sl] = True
+            self.restarts.append((None if block == pool.main_index else block, pool.blocks[block], failures[block]))
+        return [i for block in blocks for i in pool.blocks[block]]
+
+    # -- what the rounds read and write --------------------------------------------------------
+    def write_actions(self, actions: Any, views: list[np.ndarray], batch: Batch | None = None) -> None:
+        """Check ``actions`` (for all envs, or for a ``batch``) and write them into ``views``
+        (the regular action regions, or a rollout row's).
+        """
+        # Under NEXT_STEP an env that ended its episode is reset by this step and never sees its
+        # action; Gymnasium hands it any value, so its row is not checked against the space.
+        ignored = None
+        if self.next_step:
+            ignored = self.autoreset if batch is None else self.autoreset[batch.rows]
+        n = self.pool.num_envs if batch is None else len(batch.ids)
+        checked = self.actions.leaf_arrays(actions, n, ignored)
+        # Written only once every leaf passed: a refused action leaves nothing half-written.
+        # Item assignment casts as np.copyto(casting="unsafe") does, at a third of its cost.
+        index = Ellipsis if batch is None else batch.rows
+        for view, a in zip(views, checked):
+            view[index] = a
+
+    def _columns_for(self, infos: dict[str, Any]) -> None:
+        """Once, after the first step that reports infos: give its scalar keys shared columns
+        (:mod:`shmvec.info_columns`), so that the workers stop pickling them.
+        """
+        self._learn_infos = False
+        schema = InfoSchema.discover(infos)
+        if schema is not None:
+            with self.closing:  # a block that cannot map the segment leaves the pool broken
+                segment = self.pool.attach_infos(schema)
+            self.infos.columns = ColumnReader(segment.layout, segment.views)
+
+
+class ClosingOnError:
+    """``with session.closing:`` closes the vector env if the code inside raises (and lets the
+    error through).
+
+    One object per env, made once: entering it allocates nothing on the step path.
+    """
+
+    __slots__ = ("_env", "_pool")
+
+    def __init__(self, env: weakref.ref, pool: WorkerPool) -> None:
+        self._env, self._pool = env, pool
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is None or issubclass(exc_type, PayloadError):  # nothing was sent
+            return
+        if issubclass(exc_type, KeyboardInterrupt) and self._pool.state is PoolState.OPEN:
+            return  # Ctrl-C while the workers ran: what they run is drained later; the env goes on
+        env = self._env()
+        if env is not None:
+            env.close()
