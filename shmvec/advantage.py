@@ -65,6 +65,9 @@ _F64 = np.dtype(np.float64)
 _FLOATS = (_F32, _F64)
 _BOOL = np.dtype(np.bool_)
 _MODES = (AutoresetMode.SAME_STEP, AutoresetMode.NEXT_STEP)  # how a rollout may have been collected
+# The default of ``autoreset``: the fast path recognises it (or the member) by identity, any other
+# spelling goes through parse_autoreset_mode.
+_SAME_STEP_NAME = "same_step"
 
 
 # --------------------------------------------------------------------------------------
@@ -339,8 +342,7 @@ def _prepare(rewards, values, terminated, truncated, last_values, final_values, 
         if type(fv) is not np.ndarray or fv.dtype is not dtype or fv.shape != shape:
             fv = _real(fv, "final_values", shape, dtype)
         mode = _USE_FINAL
-    if autoreset != "same_step" and \
-            parse_autoreset_mode(autoreset, "autoreset", _MODES) is AutoresetMode.NEXT_STEP:  # fmt: skip
+    if parse_autoreset_mode(autoreset, "autoreset", _MODES) is AutoresetMode.NEXT_STEP:
         mode |= _TRUNC_NEXT
     if valid is None:
         if mode & _TRUNC_NEXT:
@@ -394,7 +396,7 @@ def gae(
     out: tuple[np.ndarray, np.ndarray] | None = None,
     *,
     valid: Any | None = None,
-    autoreset: Any = "same_step",
+    autoreset: Any = _SAME_STEP_NAME,
     parallel: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Generalized Advantage Estimation over a ``[T, N]`` rollout, truncation-aware.
@@ -471,7 +473,7 @@ def gae(
     # thread): identity tests and a few attribute reads.
     v = values
     if (final_values is None and valid is None and not parallel
-            and autoreset == "same_step" and type(v) is np.ndarray
+            and (autoreset is _SAME_STEP_NAME or autoreset is AutoresetMode.SAME_STEP) and type(v) is np.ndarray
             and type(rewards) is np.ndarray and type(terminated) is np.ndarray
             and type(truncated) is np.ndarray and type(last_values) is np.ndarray):  # fmt: skip
         dtype = v.dtype
@@ -602,7 +604,7 @@ def discounted_returns(
     out: np.ndarray | None = None,
     *,
     valid: Any | None = None,
-    autoreset: Any = "same_step",
+    autoreset: Any = _SAME_STEP_NAME,
     parallel: bool = False,
 ) -> np.ndarray:
     """Bootstrapped discounted returns (``lam=1``) or lambda-returns, without advantages.

@@ -67,7 +67,7 @@ class AsyncRollout:
         num_envs: int,
         num_steps: int,
         fields: dict[str, tuple[tuple[int, ...], Any]],
-        autoreset_mode: Any = "NextStep",
+        autoreset_mode: Any = AutoresetMode.NEXT_STEP,
     ) -> None:
         if num_envs < 1 or num_steps < 1:
             raise ValueError(f"num_envs and num_steps must be positive, got {num_envs} and {num_steps}")

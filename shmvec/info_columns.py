@@ -1,12 +1,13 @@
-"""Scalar infos in shared memory: which keys get a column, and how blocks write and main reads them.
+"""The route of a step's infos, decided here only: which keys get a column in shared memory,
+how a block sends its envs' infos (:class:`InfoRoute`), and how main reads the columns.
 
 MuJoCo's envs report several numbers per env and step (Ant nine), ALE's a few; pickling them
 in every reply costs more than the rest of a round. After the first step that reports infos,
 the vector env takes the keys whose merged values are 1-D numeric arrays as a fixed schema
 (like EnvPool's info spec), lays out one column and one mask row per key in a second segment
-(:class:`InfoLayout`) and hands it to every block. A block then writes those values there
-(:class:`ColumnWriter`) and pickles only the rest; the merge reads the columns
-(:class:`ColumnReader`).
+(:class:`InfoLayout`) and hands it to every block. A block's :class:`InfoRoute` then writes
+those values there (:class:`ColumnWriter`) and sends only the rest, by reply; the merge
+(:class:`~shmvec.infos.InfoMerger`) reads the columns (:class:`ColumnReader`) and the replies.
 
 The infos stay Gymnasium's, value for value and dtype for dtype: a value of another type than
 its column's, and every info of an env that ends an episode under SAME_STEP, take the reply
@@ -24,13 +25,89 @@ import numpy as np
 
 from shmvec.layout import Regions
 
-__all__ = ["ColumnReader", "ColumnWriter", "InfoLayout", "InfoSchema"]
+__all__ = ["ColumnReader", "ColumnWriter", "InfoLayout", "InfoRoute", "InfoSchema", "plain_scalars"]
 
 # Keys the merge writes itself (never an env's own scalar).
 _RESERVED = frozenset({"final_obs", "final_info", "restarted"})
 
 # The Python types whose values Gymnasium batches into these dtypes (``np.zeros(n, dtype=type(v))``).
 _PYTHON = {np.dtype(np.float64): float, np.dtype(np.int64): int, np.dtype(np.bool_): bool}
+
+
+# numpy scalar types that travel by reply as Python scalars with nothing lost (see plain_scalars).
+# Not np.bool_: Gymnasium batches it in an object array, a bool in a bool one.
+_PLAIN: dict[type, type] = {np.float64: float}
+if np.dtype(int) == np.int64:
+    _PLAIN[np.int64] = int
+
+
+def plain_scalars(info: dict | None) -> dict | None:
+    """``info`` with its numpy float64 scalars (int64 too, where that is the default int) as
+    Python floats (ints), nested dicts included; the env's dict is not changed.
+
+    What a worker sends back with a step: a numpy scalar pickles through its dtype, several
+    times the bytes and time of a Python one. The infos a user gets are unchanged: Gymnasium's
+    merge gives a float64 (int64) array either way, with the same values.
+    """
+    if not info:
+        return info
+    out = {}
+    for key, value in info.items():
+        kind = type(value)
+        if kind in _PLAIN:
+            value = _PLAIN[kind](value)
+        elif kind is dict:
+            value = plain_scalars(value)
+        out[key] = value
+    return out
+
+
+class InfoRoute:
+    """How one block's envs send their infos: the block's side of the one decision.
+
+    A value of a key that has a column, and fits it, is written there; everything else goes in
+    the block's reply as a report ``(env, final_info, info)``: every info of a reset (the
+    columns hold a step's), and both infos of an env that ends an episode under SAME_STEP (its
+    final info must reach the merge whole). Replies that are pickled (a worker's) carry their
+    numpy scalars as Python ones (:func:`plain_scalars`).
+
+    Parameters
+    ----------
+    start : int
+        The block's first env (reports name envs by their index in the vector env).
+    pickled : bool
+        Whether the replies are pickled (a worker's block; the calling process's block hands
+        its reports over as they are).
+    """
+
+    __slots__ = ("start", "pickled", "columns")
+
+    def __init__(self, start: int, pickled: bool) -> None:
+        self.start = start
+        self.pickled = pickled
+        self.columns: ColumnWriter | None = None  # once main attached the info segment
+
+    def before_step(self) -> None:
+        """No env of the block has written a column yet."""
+        if self.columns is not None:
+            self.columns.clear()
+
+    def step_report(self, j: int, info: dict | None, final_info: dict | None) -> tuple | None:
+        """Block env ``j``'s report of a step, or ``None`` when its columns took everything.
+
+        ``final_info``: the ended episode's info under SAME_STEP (``None`` otherwise).
+        """
+        if final_info is None and self.columns is not None and info:
+            info = self.columns.write(j, info)  # what is left to send
+            if not info:
+                return None
+        if self.pickled:
+            return self.start + j, plain_scalars(final_info), plain_scalars(info) or {}
+        return self.start + j, final_info, info or {}
+
+    def reset_report(self, j: int, info: dict) -> tuple:
+        """Block env ``j``'s report of a reset (a reset writes no column)."""
+        return self.start + j, None, plain_scalars(info) if self.pickled else info
 
 
 def _accepted(dtype: np.dtype) -> set[type]:

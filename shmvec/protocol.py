@@ -113,8 +113,7 @@ class Command(IntEnum):
     SET_STATE = 10, "set_state", "set_state", False, False, Restart.RAISE  # payload: [(offset, EnvRecord), ...]
 
 
-# The table's columns as sets of plain ints, for the paths that test them on every command.
-REPORTING = frozenset(int(c) for c in Command if c.reports)
+# The table's column that a worker tests on every command, as a set of plain ints.
 WITH_DESCRIPTOR = frozenset(int(c) for c in Command if c.descriptor)
 
 

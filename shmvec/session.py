@@ -106,6 +106,8 @@ class Session:
         """A STEP, ROLLOUT_STEP (row ``arg``) or RESET round writing into ``out``: apply
         ``on_error``, merge the infos, check finiteness. Returns ``(infos, envs restarted)``.
         """
+        if out is self.home:  # (a rollout's rows become the latest when the rollout returns)
+            self.latest = out.obs
         replies, failures = self._run(cmd, payloads, arg, None)
         restarted: Sequence[int] = NO_ENVS
         if failures:

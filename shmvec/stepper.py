@@ -32,7 +32,7 @@ from shmvec.protocol import (
 )
 
 if TYPE_CHECKING:
-    from shmvec.info_columns import ColumnWriter, InfoLayout
+    from shmvec.info_columns import InfoLayout
     from shmvec.layout import Layout, Regions
 
 # Plain ints for the per-step paths: comparing with one costs less than with an enum member.
@@ -75,9 +75,12 @@ class Stepper:
         options: WorkerOptions,
         observation_space: Any,
         action_space: Any,
+        replies_pickled: bool = False,
     ) -> None:
         import numpy as np
         from gymnasium.vector import AutoresetMode
+
+        from shmvec.info_columns import InfoRoute
 
         self.envs = envs
         self.start = start
@@ -91,7 +94,7 @@ class Stepper:
         self.action_space = action_space
         self.home = self._targets(layout, views, None)  # the regions step and reset use
         self.rows: list[Targets] = []  # one per row of the rollout segment, once attached
-        self.info_columns: ColumnWriter | None = None  # where scalar infos go, once attached
+        self.infos = InfoRoute(start, replies_pickled)  # how the envs' infos travel
         self.obs_leaves = layout.obs_leaves
         leaf0 = self.obs_leaves[0]
         self.flat_obs = len(self.obs_leaves) == 1 and not leaf0.path and not leaf0.pickled
@@ -158,7 +161,7 @@ class Stepper:
         from shmvec.info_columns import ColumnWriter
 
         layout, buf = payload
-        self.info_columns = ColumnWriter(layout, buf, slice(self.start, self.stop))
+        self.infos.columns = ColumnWriter(layout, buf, slice(self.start, self.stop))
 
     # -- writing results -------------------------------------------------------------------
     def _write_obs(self, targets: list, j: int, obs: Any) -> None:
@@ -281,9 +284,8 @@ class Stepper:
         ended: list[int] = []
         resets: list[int] = []
         reports: Reports = []
-        columns = self.info_columns
-        if columns is not None:
-            columns.clear()
+        route = self.infos
+        route.before_step()
         j = 0
         try:
             for j in range(n):
@@ -311,10 +313,10 @@ class Stepper:
                     obs0[j] = o
                 else:
                     self._write_obs(out.obs, j, o)
-                if info and columns is not None and final_info is None:
-                    info = columns.write(j, info)  # what is left to pickle
                 if info or final_info is not None:
-                    reports.append((self.start + j, final_info, info or {}))
+                    report = route.step_report(j, info, final_info)
+                    if report is not None:
+                        reports.append(report)
         except BaseException:
             self.current = self.start + j  # for the error report; free on the hot path
             raise
@@ -413,7 +415,7 @@ class Stepper:
             if info:
                 if reports is None:
                     reports = []
-                reports.append((self.start + j, None, info))
+                reports.append(self.infos.reset_report(j, info))
             self.home.terminations[j] = False
             self.home.truncations[j] = False
             self.autoreset[j] = False

@@ -248,7 +248,6 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
                     f"value, got reset_mask={mask}"
                 )
         payloads = reset_payloads(seeds, options, mask, session.pool.blocks)
-        session.latest = session.home.obs
         infos, _ = session.step(Command.RESET, session.home, payloads=payloads)
         return session.results.observations(self.copy), infos
 
@@ -271,7 +270,6 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
         self._torch_threads.enter()
         home = session.home
         session.write_actions(actions, home.act)
-        session.latest = home.obs
         infos, _ = session.step(_STEP, home)
         self._torch_threads.leave()
         return (*session.results.step(self.copy), infos)

@@ -21,7 +21,6 @@ from shmvec.protocol import (
     GO,
     PAYLOAD,
     REPLY_LEN,
-    REPORTING,
     SLEEPING,
     STATUS,
     WITH_DESCRIPTOR,
@@ -40,31 +39,6 @@ from shmvec.threads import cap_libraries, cap_variables
 
 _STEP, _RESET, _CLOSE = int(Command.STEP), int(Command.RESET), int(Command.CLOSE)
 _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
-
-# numpy scalar types that travel as Python scalars with nothing lost (see plain_scalars); filled
-# in by _serve, since numpy is not imported at module level here.
-_PLAIN: dict = {}
-
-
-def plain_scalars(info: dict | None) -> dict | None:
-    """``info`` with its numpy float64 scalars (int64 too, where that is the default int) as
-    Python floats (ints), nested dicts included; the env's dict is not changed.
-
-    What a worker sends back with a step: a numpy scalar pickles through its dtype, several
-    times the bytes and time of a Python one. The infos a user gets are unchanged: Gymnasium's
-    merge gives a float64 (int64) array either way, with the same values.
-    """
-    if not info:
-        return info
-    out = {}
-    for key, value in info.items():
-        kind = type(value)
-        if kind in _PLAIN:
-            value = _PLAIN[kind](value)
-        elif kind is dict:
-            value = plain_scalars(value)
-        out[key] = value
-    return out
 
 
 def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w, threads: int | None = 1) -> None:
@@ -148,7 +122,9 @@ def _set_up(block: int, start: int, env_fns_blob: bytes, conn, threads: int | No
 
         views = layout.views(map_fd(recv_handle(conn), layout.size))
         env0 = envs[0]
-        stepper = Stepper(envs, start, layout, views, options, env0.observation_space, env0.action_space)
+        stepper = Stepper(
+            envs, start, layout, views, options, env0.observation_space, env0.action_space, replies_pickled=True
+        )
         return stepper, views, msg
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         close_all(envs)
@@ -178,13 +154,8 @@ def _serve(
     """
     import time
 
-    import numpy as np
-
     from shmvec.sync import block_until, fence, ring, spin_until
 
-    _PLAIN[np.float64] = float  # not np.bool_: Gymnasium batches it in an object array, bool in a bool one
-    if np.dtype(int) == np.int64:
-        _PLAIN[np.int64] = int
     mine, main_line = lines[block], lines[-1]
     watch = [parent_sentinel] if parent_sentinel is not None else []
     ppid = os.getppid()
@@ -247,8 +218,6 @@ def _execute(
 
             payload = (payload, map_fd(recv_handle(conn), payload.size))
         reply = envs.run(cmd, payload, arg)
-        if reply is not None and cmd in REPORTING:
-            reply = [(env, plain_scalars(final), plain_scalars(info)) for env, final, info in reply]
         if pickled_obs and (cmd == _STEP or cmd == _RESET):
             reply = (reply, envs.pickled_results(cmd == _STEP))
         if reply is None:

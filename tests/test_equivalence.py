@@ -318,9 +318,8 @@ def test_infos_keep_their_dtypes_after_travelling(mode, step_in_main):
 
 
 def test_plain_scalars_leaves_the_envs_dict_alone():
-    from shmvec.worker import _PLAIN, plain_scalars
+    from shmvec.info_columns import plain_scalars
 
-    _PLAIN[np.float64] = float
     info = {"a": np.float64(1.5), "b": {"c": np.float64(-2.0)}, "d": np.float32(2.0), "e": "text", "f": np.bool_(1)}
     out = plain_scalars(info)
     assert type(out["a"]) is float and type(out["b"]["c"]) is float and type(out["d"]) is np.float32

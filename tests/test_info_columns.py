@@ -134,3 +134,33 @@ def test_schema_takes_flat_numeric_keys_only():
     schema = InfoSchema.discover(infos)
     assert schema.keys == ("a", "e") and schema.dtypes == (np.dtype(np.float64), np.dtype(np.int32))
     assert InfoSchema.discover({}) is None
+
+
+def test_the_route_sends_what_the_columns_do_not_hold():
+    """InfoRoute, a block's side of the one decision: column keys to the columns, the rest (and
+    every info of a SAME_STEP episode end, and of a reset) by reply, plain where it is pickled."""
+    from multiprocessing import shared_memory
+
+    from shmvec.info_columns import ColumnWriter, InfoLayout, InfoRoute
+
+    schema = InfoSchema(("x",), (np.dtype(np.float64),))
+    layout = InfoLayout.build(schema, 4)
+    shm = shared_memory.SharedMemory(create=True, size=layout.size)
+    try:
+        route = InfoRoute(start=2, pickled=True)
+        assert route.step_report(0, {"x": np.float64(1.5)}, None) == (2, None, {"x": 1.5})  # no columns yet
+        assert type(route.step_report(0, {"x": np.float64(1.5)}, None)[2]["x"]) is float
+        route.columns = ColumnWriter(layout, shm.buf, slice(2, 4))
+        route.before_step()
+        assert route.step_report(1, {"x": 0.25}, None) is None  # all in the column
+        assert layout.views(shm.buf)["info/0"][3] == 0.25
+        assert route.step_report(0, {"x": 1.0, "s": "text"}, None) == (2, None, {"s": "text"})
+        final = route.step_report(1, {"x": 2.0}, {"x": np.float64(3.0)})  # SAME_STEP end: both whole
+        assert final == (3, {"x": 3.0}, {"x": 2.0}) and type(final[1]["x"]) is float
+        assert route.reset_report(0, {"x": np.float64(4.0)}) == (2, None, {"x": 4.0})
+        kept = InfoRoute(start=0, pickled=False).step_report(0, {"x": np.float64(1.0)}, None)
+        assert type(kept[2]["x"]) is np.float64  # the calling process's block hands it over as it is
+    finally:
+        del route
+        shm.close()
+        shm.unlink()

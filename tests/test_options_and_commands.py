@@ -83,7 +83,8 @@ def test_every_command_has_a_stepper_method_and_a_restart_rule():
     assert P.row(99) is None and P.phase(99) == "99" and P.restart(99) is P.Restart.RAISE
     # A segment's descriptor follows exactly the attach commands, which a restarted block gets again.
     assert {c for c in P.Command if c.descriptor} == {c for c in P.Command if c.restart is P.Restart.RESEND}
-    assert P.REPORTING == {int(P.Command.STEP), int(P.Command.RESET), int(P.Command.ROLLOUT_STEP)}
+    assert {c for c in P.Command if c.reports} == {P.Command.STEP, P.Command.RESET, P.Command.ROLLOUT_STEP}
+    assert P.WITH_DESCRIPTOR == {int(c) for c in P.Command if c.descriptor}
 
 
 def test_a_restarted_worker_gets_the_attached_segments_again():
