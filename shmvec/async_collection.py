@@ -26,8 +26,8 @@ __all__ = ["AsyncCollection"]
 class AsyncCollection:
     """The asynchronous part of :class:`~shmvec.ShmVecEnv`'s API (a base class of it).
 
-    Its state: the batch the last ``recv`` returned (until a ``send``), the batches made so
-    far, and a batch that ``check_finite`` refused, which the next ``recv`` hands over.
+    Its state: the batch the last ``recv`` returned (until a ``send``) and the batches made so
+    far. A batch that ``check_finite`` refused waits in ``Session.held`` for the next ``recv``.
     """
 
     _session: Session
@@ -39,7 +39,6 @@ class AsyncCollection:
         pool = self._session.pool
         self._batches = Batches(pool.blocks)
         self._last: Batch | None = None
-        self._held: tuple[tuple, Batch] | None = None
         # Whole blocks per recv: all of them in sync mode (whose blocks may differ in size by one env).
         self._batch_blocks = len(pool.blocks) if batch_size == self.num_envs else batch_size // len(pool.blocks[0])
 
@@ -52,7 +51,6 @@ class AsyncCollection:
         """
         session = self._session
         session.guard("async_reset", needs_reset=False)
-        self._held = None
         seeds = seeds_per_env(seed, self.num_envs)
         blocks = session.pool.blocks
         self._submit(Command.RESET, list(range(len(blocks))), reset_payloads(seeds, options, None, blocks))
@@ -85,8 +83,8 @@ class AsyncCollection:
         """
         session = self._session
         session.guard("recv", needs_reset=False, sync=False)
-        if self._held is not None:
-            (result, self._last), self._held = self._held, None
+        if session.held is not None:
+            (result, self._last), session.held = session.held, None
             return result
         if not session.in_flight():
             raise NothingInFlightError("recv() with no env in flight: call send() (or async_reset()) first")
@@ -102,11 +100,10 @@ class AsyncCollection:
                 session.finite(session.home, batch)
             except NonFiniteError as exc:
                 # Nothing is lost: the next recv() hands this batch over as it is.
-                self._held, exc.env_ids = (result, batch), batch.ids
+                session.held, exc.env_ids = (result, batch), batch.ids
                 raise
         return result
 
     def _submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:
-        self._held = None
         self._session.submit(cmd, blocks, payloads)
         self._last = None

@@ -56,8 +56,7 @@ class Options:
         if unknown:
             raise TypeError(f"unknown ShmVecEnv option(s) {unknown}; the options are {list(cls.names())}")
         raw = cls(**given)
-        if raw.on_error not in ("raise", "restart"):
-            raise ValueError(f"on_error must be 'raise' or 'restart', got {raw.on_error!r}")
+        _check_on_error(raw.on_error)
         mode = parse_autoreset_mode(raw.autoreset_mode)
         workers = _count_workers(raw.num_workers, raw.step_in_main, num_envs)
         blocks = workers + (1 if raw.step_in_main else 0)
@@ -75,6 +74,16 @@ class Options:
             worker_threads=None if raw.worker_threads is None else positive_int(raw.worker_threads, "worker_threads"),
             torch_threads=torch_threads,
         )
+
+    def replace(self, name: str, value: Any) -> Options:
+        """These options with ``name`` changed (only ``on_error`` and ``check_finite`` may change
+        while a vector env runs: the others shape its processes and memory).
+        """
+        if name not in ("on_error", "check_finite"):
+            raise AttributeError(f"{name} is fixed when the vector env is built")
+        if name == "on_error":
+            _check_on_error(value)
+        return dataclasses.replace(self, **{name: value})
 
     @property
     def num_blocks(self) -> int:
@@ -113,6 +122,11 @@ def passed_on(owner: str, given: dict[str, Any], fixed: dict[str, str]) -> None:
         raise TypeError(
             f"{owner} got unexpected keyword argument(s) {unknown}; the ShmVecEnv options it takes: {takes}"
         )
+
+
+def _check_on_error(value: Any) -> None:
+    if value not in ("raise", "restart"):
+        raise ValueError(f"on_error must be 'raise' or 'restart', got {value!r}")
 
 
 def _count_workers(num_workers: int | None, step_in_main: bool, num_envs: int) -> int:

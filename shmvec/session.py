@@ -80,6 +80,14 @@ class Session:
         self.check_finite = options.check_finite  # (read on the step path)
         self._learn_infos = True  # until the first step with infos picked the info columns
         self.state = Lifecycle.NEEDS_RESET  # the vector env's, checked by every public method
+        # A recv() result that check_finite refused, with its batch: the next recv() hands it
+        # over; any other round (synchronous, or a submit) drops it.
+        self.held: tuple[tuple, Batch] | None = None
+
+    def set_option(self, name: str, value: Any) -> None:
+        """Change option ``name`` of a running vector env (one the calling process applies)."""
+        self.options = self.options.replace(name, value)
+        self.check_finite = self.options.check_finite
 
     def guard(self, method: str, needs_reset: bool = True, sync: bool = True) -> None:
         """Refuse ``method`` on a closed env (and, where it ``needs_reset``, on one not reset
@@ -106,8 +114,8 @@ class Session:
         """A STEP, ROLLOUT_STEP (row ``arg``) or RESET round writing into ``out``: apply
         ``on_error``, merge the infos, check finiteness. Returns ``(infos, envs restarted)``.
         """
-        if out is self.home:  # (a rollout's rows become the latest when the rollout returns)
-            self.latest = out.obs
+        if out is self.home and self.latest is not out.obs:
+            self.to_home()  # a masked reset keeps the other envs' latest observations
         replies, failures = self._run(cmd, payloads, arg, None)
         restarted: Sequence[int] = NO_ENVS
         if failures:
@@ -147,7 +155,18 @@ class Session:
         else:
             self.results.check_finite(rewards=rewards, index=batch.rows)
 
+    def to_home(self) -> None:
+        """Make the regular regions hold every env's latest observation again, where a rollout
+        left them in its storage's rows.
+        """
+        home = self.home.obs
+        if self.latest is not home:
+            for dst, src in zip(home, self.latest):
+                dst[...] = src
+            self.latest = home
+
     def _run(self, cmd: int, payloads: list | None, arg: int, block_ids: list[int] | None) -> tuple[list, Failures]:
+        self.held = None
         with self.closing:
             try:
                 return self.pool.run(cmd, payloads, arg=arg, block_ids=block_ids)
@@ -160,6 +179,7 @@ class Session:
 
     def submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:
         """Start ``cmd`` on ``blocks`` without waiting (asynchronous collection)."""
+        self.held = None
         with self.closing:
             self.pool.submit(cmd, blocks, payloads)
         self.latest = self.home.obs

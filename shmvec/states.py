@@ -232,10 +232,7 @@ class Snapshots:
             s = by_id[i]
             return offset, (s.snapshot, s.autoreset, s.episode_return, s.episode_length)
 
-        if session.latest is not home:  # a rollout left the latest observations in its storage
-            for dst, src in zip(home, session.latest):
-                dst[...] = src
-            session.latest = home
+        session.to_home()
         self._state_round(Command.SET_STATE, groups, record, "set_state")
         for i, state in by_id.items():
             for dst, saved in zip(home, state.obs):

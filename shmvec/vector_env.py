@@ -9,7 +9,8 @@ in files of their own; the options are declared once, in :mod:`shmvec.options`.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import gymnasium as gym
@@ -20,9 +21,10 @@ from shmvec.actions import ActionBatch
 from shmvec.async_collection import AsyncCollection
 from shmvec.batched_spaces import BatchedSpace
 from shmvec.blocks import reset_payloads, set_attr_payloads
-from shmvec.checks import env_factories, seeds_per_env
+from shmvec.checks import env_factories, seeds_per_env, usable_cores
 from shmvec.collect_threads import CollectThreads
 from shmvec.lifecycle import Lifecycle
+from shmvec.loop_timing import LoopWindow, StepHooks
 from shmvec.options import Options
 from shmvec.protocol import Command
 from shmvec.results import SharedBuffers
@@ -181,7 +183,9 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
         self.copy = options.copy
         self.ordered = options.ordered
         self.worker_threads = options.worker_threads
-        self._torch_threads = CollectThreads(options.torch_threads)  # type: ignore[arg-type]
+        # What runs as each step starts and returns: torch's threads for the rollout (and, while
+        # diagnose() measures a window, its clock).
+        self._around_step: StepHooks = CollectThreads(options.torch_threads)  # type: ignore[arg-type]
         self._session = session = Session(env_fns, options, self)
         self._finalizer = weakref.finalize(self, session.pool.shutdown)
         self.context = session.pool.context
@@ -195,13 +199,21 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
 
     @property
     def on_error(self) -> str:
-        """What a fault during ``step`` does: ``"raise"`` or ``"restart"``."""
+        """What a fault during ``step`` does: ``"raise"`` or ``"restart"`` (settable)."""
         return self._session.options.on_error
+
+    @on_error.setter
+    def on_error(self, value: str) -> None:
+        self._session.set_option("on_error", value)
 
     @property
     def check_finite(self) -> bool:
-        """Whether non-finite rewards and observations raise :class:`~shmvec.NonFiniteError`."""
+        """Whether non-finite rewards and observations raise :class:`~shmvec.NonFiniteError` (settable)."""
         return self._session.options.check_finite
+
+    @check_finite.setter
+    def check_finite(self, value: bool) -> None:
+        self._session.set_option("check_finite", bool(value))
 
     @property
     def restarts(self) -> list[tuple[int | None, range, Exception]]:
@@ -214,7 +226,6 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
         what ``send`` started, and drop a batch held back for ``recv``.
         """
         self._session.guard(method, needs_reset=False)
-        self._held = None
 
     def reset(
         self,
@@ -228,7 +239,6 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
         """
         session = self._session
         session.guard("reset", needs_reset=False)
-        self._held = None
         n = self.num_envs
         seeds = seeds_per_env(seed, n)
         mask = None
@@ -267,11 +277,11 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
                 "with reset(options={'reset_mask': mask})"
             )
         session.drain()
-        self._torch_threads.enter()
+        self._around_step.enter()
         home = session.home
         session.write_actions(actions, home.act)
         infos, _ = session.step(_STEP, home)
-        self._torch_threads.leave()
+        self._around_step.leave()
         return (*session.results.step(self.copy), infos)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
@@ -288,6 +298,38 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
         """Set attribute ``name`` of every env: one value for all, or a list/tuple of one per env."""
         self._guard("set_attr")
         self._session.round(Command.SET_ATTR, set_attr_payloads(name, values, self._session.pool.blocks))
+
+    @contextmanager
+    def diagnose(self) -> Iterator[LoopWindow]:
+        """Measure where your loop's time goes while the ``with`` block runs its steps.
+
+        The window's :attr:`~shmvec.loop_timing.LoopWindow.diagnosis` (printable) gives the
+        time inside :meth:`step` and between steps (your own code: the policy, the update),
+        each worker's time on a core and runnable but waiting for one, the calling process's
+        other threads (torch's OpenMP pool, BLAS), the cores other processes took, and the
+        cause, with the fix, when the numbers show a clear case (``docs/benchmarks.md``, "Why
+        is my loop slow?"). It costs two clock reads per step; outside a window, nothing.
+
+        >>> import numpy as np, shmvec
+        >>> envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2)
+        >>> _ = envs.reset(seed=0)
+        >>> with envs.diagnose() as window:
+        ...     for _ in range(100):
+        ...         _ = envs.step(np.zeros(4, dtype=np.int64))
+        >>> window.diagnosis.steps, len(window.diagnosis.workers)
+        (100, 2)
+        >>> envs.close()
+        """
+        self._session.guard("diagnose", needs_reset=False, sync=False)
+        window = LoopWindow(self.worker_pids, usable_cores())
+        hooks = self._around_step
+        self._around_step = window.around(hooks)
+        window.start()
+        try:
+            yield window
+        finally:
+            self._around_step = hooks
+            window.stop()
 
     # Gymnasium's VectorEnv types these for one generator; its vector envs, ours too, give one per env.
     @property
@@ -310,7 +352,7 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
         """Stop the workers, close every env and release the shared memory."""
         if hasattr(self, "_session"):
             self._session.state = Lifecycle.CLOSED
-        self._torch_threads.close()
+        self._around_step.close()
         self._finalizer()
 
     def __enter__(self) -> ShmVecEnv:

@@ -224,4 +224,9 @@ def _execute(
             return _OK, b""
         return _REPLY, dumps(reply)
     except BaseException as exc:
-        return _ERROR, dumps(error_report(exc, block, envs.current, phase(cmd)))
+        report = error_report(exc, block, envs.current, phase(cmd))
+        try:
+            return _ERROR, dumps(report)
+        except Exception:  # the exception itself does not pickle: its report still does
+            report["error"] = None
+            return _ERROR, dumps(report)

@@ -546,3 +546,24 @@ def test_ordered_collection_returns_blocks_in_the_order_they_were_sent():
             if k == 2:
                 envs.send(np.zeros(2, dtype=np.int64), held)
         assert order == [[0, 1], [2, 3], [4, 5], [0, 1], [4, 5], [2, 3], [0, 1], [4, 5], [2, 3]]
+
+
+@pytest.mark.parametrize("then", ["step", "rollout", "get_state"])
+def test_a_synchronous_round_drops_the_refused_batch(then):
+    """The batch check_finite held back for recv() is the next recv()'s only if nothing else ran:
+    a synchronous round moves the envs on, and the held batch would be stale."""
+    fns = [functools.partial(FaultyEnv, "inf_reward" if i == 0 else "none", 1) for i in range(2)]
+    with shmvec.ShmVecEnv(fns, num_workers=2, check_finite=True) as envs:
+        envs.reset(seed=0)
+        envs.send(np.zeros(2, np.int64), np.arange(2))
+        with pytest.raises(shmvec.NonFiniteError):
+            envs.recv()
+        envs.check_finite = False
+        if then == "step":
+            envs.step(np.zeros(2, np.int64))
+        elif then == "rollout":
+            envs.rollout(lambda obs: np.zeros(2, np.int64), num_steps=2)
+        else:
+            envs.get_state()
+        with pytest.raises(shmvec.NothingInFlightError):
+            envs.recv()

@@ -21,7 +21,7 @@ SIDES = {
     "worker": ["worker", "stepper", "threads", "snapshot", "info_columns"],
     "engine": [
         "checks", "options", "lifecycle", "processes", "pool", "session", "results", "infos", "actions",
-        "async_batches", "collect_threads", "rollout_storage",
+        "async_batches", "collect_threads", "rollout_storage", "loop_timing",
     ],
     "front": ["vector_env", "async_collection", "rollouts", "states", "batched_spaces", "make_vec"],
 }

@@ -105,3 +105,16 @@ def test_a_restarted_worker_gets_the_attached_segments_again():
         assert first is not None
     finally:
         envs.close()
+
+
+def test_on_error_and_check_finite_can_change_while_it_runs():
+    envs = shmvec.ShmVecEnv([cartpole] * 2, num_workers=1)
+    try:
+        envs.check_finite, envs.on_error = True, "restart"
+        assert envs.check_finite and envs.on_error == "restart" and envs._session.check_finite
+        with pytest.raises(ValueError, match="on_error"):
+            envs.on_error = "ignore"
+        with pytest.raises(AttributeError, match="fixed"):
+            envs._session.set_option("num_workers", 2)
+    finally:
+        envs.close()

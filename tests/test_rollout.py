@@ -328,3 +328,26 @@ def test_gae_on_a_rollout_matches_the_step_loop_reference():
                                   autoreset="next_step", valid=np.stack(ref["valid"]))
     assert np.array_equal(adv, ref_adv) and np.array_equal(ret, ref_ret)
     assert batch["truncations"].any()  # a truncation was bootstrapped
+
+
+def test_a_masked_reset_after_a_rollout_keeps_the_other_envs_latest_observations():
+    envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 4, num_workers=2)
+    ref = SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+    try:
+        envs.reset(seed=3)
+        ref.reset(seed=3)
+        actions = np.array([[t % 2] * 4 for t in range(5)], dtype=np.int64)
+        row = iter(actions)
+        batch = envs.rollout(lambda obs: next(row), num_steps=5)
+        for a in actions:
+            ref.step(a)
+        mask = np.array([True, False, False, True])
+        obs, _ = envs.reset(options={"reset_mask": mask})
+        expected, _ = ref.reset(options={"reset_mask": mask})
+        assert np.array_equal(obs, expected)
+        assert np.array_equal(obs[1:3], batch["next_obs"][1:3])
+        # and the next rollout starts from them
+        assert np.array_equal(envs.rollout(lambda o: np.zeros(4, np.int64), num_steps=1)["obs"][0], expected)
+    finally:
+        envs.close()
+        ref.close()

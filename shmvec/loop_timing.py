@@ -1,0 +1,316 @@
+"""Where a training loop's time goes, over a window of its own steps (``ShmVecEnv.diagnose``).
+
+A vector env owns the waits of the loop around it, so it can say what the loop spent its time
+on: the caller's time inside shmvec (stepping, waiting for the workers), the time between
+steps (the loop's own code: the policy, the update), the workers' time on a core and their
+time runnable but waiting for one (starved), the calling process's other threads (torch's
+OpenMP pool, BLAS), and the cores other processes took. The kernel counts each thread's time on
+a core and its time in the run queue (``/proc/<pid>/task/<tid>/schedstat``); a window reads
+them at its start and end, so measuring costs two clock reads per step.
+
+Linux only (``/proc``); elsewhere the report has the caller's times alone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["Diagnosis", "LoopWindow", "StepHooks", "ThreadTime"]
+
+# A verdict is only given on a clear case: the workers waited for a core longer than this share
+# of their time on one, or the loop's own code took this share of the wall time.
+STARVED_SHARE = 0.5
+OWN_CODE_SHARE = 0.5
+# Cores below this are not named as a cause.
+MIN_CORES = 0.25
+
+
+class StepHooks(Protocol):
+    """What a vector env runs as each step starts (:meth:`enter`) and returns (:meth:`leave`)."""
+
+    def enter(self) -> None: ...
+    def leave(self) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ThreadTime:
+    """One thread's (or process's) seconds over a window: on a core, and runnable but waiting for one."""
+
+    name: str
+    cpu_s: float
+    starved_s: float
+
+
+def _schedstat(path: str) -> tuple[float, float]:
+    """``(seconds on a core, seconds waiting in the run queue)`` of a task, ``(0, 0)`` if gone."""
+    try:
+        with open(path) as f:
+            run_ns, wait_ns, _ = f.read().split()
+    except (OSError, ValueError):
+        return 0.0, 0.0
+    return int(run_ns) / 1e9, int(wait_ns) / 1e9
+
+
+def _tasks(pid: int) -> dict[int, tuple[str, float, float]]:
+    """Each thread of ``pid``: ``{tid: (name, cpu_s, starved_s)}`` (empty where there is no /proc)."""
+    out: dict[int, tuple[str, float, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        out[int(tid)] = (name, *_schedstat(f"/proc/{pid}/task/{tid}/schedstat"))
+    return out
+
+
+def _machine_busy() -> float | None:
+    """Seconds of CPU the whole machine has spent busy since boot (``/proc/stat``), or ``None``."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = [int(x) for x in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle, iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _pools() -> list[str]:
+    """The thread pools the calling process has loaded, as the user knows them (torch first)."""
+    names = []
+    torch: Any = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_num_threads"):
+        names.append(f"torch's intra-op pool ({torch.get_num_threads()} threads)")
+    if "threadpoolctl" in sys.modules or "numpy" in sys.modules:
+        try:
+            from threadpoolctl import threadpool_info
+
+            for pool in threadpool_info():
+                names.append(f"{pool.get('internal_api')} in {os.path.basename(pool.get('filepath', '?'))} "
+                             f"({pool.get('num_threads')} threads)")  # fmt: skip
+        except Exception:  # not installed, or a library it cannot read
+            pass
+    return names
+
+
+@dataclass
+class Diagnosis:
+    """What a window of the loop spent its time on (see :meth:`ShmVecEnv.diagnose`).
+
+    Attributes
+    ----------
+    wall_s : float
+        The window's length.
+    steps : int
+        Calls of ``step`` (or ``recv``, or ``rollout`` rows) in the window.
+    in_shmvec_s : float
+        The caller's time inside those calls: writing actions, waiting for the workers,
+        handing out results.
+    between_steps_s : float
+        The rest: the loop's own code (the policy, the update, logging).
+    workers : list of ThreadTime
+        Each worker process: its time on a core, and runnable but waiting for one.
+    caller_threads : list of ThreadTime
+        The calling process's threads other than the loop's, that were on a core in the window
+        (torch's OpenMP pool, BLAS threads, the user's own).
+    other_cores : float or None
+        Cores that other processes on the machine kept busy, on average (``None``: unknown).
+    cores : int
+        The cores this process may run on.
+    pools : list of str
+        The thread pools loaded in the calling process.
+    """
+
+    wall_s: float
+    steps: int
+    in_shmvec_s: float
+    between_steps_s: float
+    workers: list[ThreadTime]
+    caller_threads: list[ThreadTime]
+    other_cores: float | None
+    cores: int
+    pools: list[str] = field(default_factory=list)
+
+    @property
+    def starved_share(self) -> float:
+        """The workers' time waiting for a core, over their time on one."""
+        on_core = sum(w.cpu_s for w in self.workers)
+        return sum(w.starved_s for w in self.workers) / on_core if on_core else 0.0
+
+    def causes(self) -> list[str]:
+        """The clear cases the window shows, each with its numbers and the fix (empty: none)."""
+        found = []
+        wall = self.wall_s or 1e-9
+        if self.workers and self.starved_share > STARVED_SHARE:
+            found.append(self._starved(wall))
+        if self.between_steps_s > OWN_CODE_SHARE * wall:
+            found.append(
+                f"the loop's own code (between steps: the policy, the update) took "
+                f"{self.between_steps_s / wall:.0%} of the time: a faster vector env speeds up at most the other "
+                f"{self.in_shmvec_s / wall:.0%}"
+            )
+        return found
+
+    def _starved(self, wall: float) -> str:
+        starved = sum(w.starved_s for w in self.workers)
+        on_core = sum(w.cpu_s for w in self.workers)
+        why = [
+            f"the workers waited {starved:.2f} s for a core and ran {on_core:.2f} s in {wall:.2f} s "
+            f"({self.starved_share:.1f} s waiting per second running)"
+        ]
+        threads = sum(t.cpu_s for t in self.caller_threads) / wall
+        if threads >= MIN_CORES:
+            pools = f" ({'; '.join(self.pools)})" if self.pools else ""
+            why.append(
+                f"the calling process's other threads{pools} kept {threads:.1f} cores busy: lower them while "
+                "the envs step (ShmVecEnv(torch_threads='auto'), or torch.set_num_threads)"
+            )
+        if self.other_cores is not None and self.other_cores >= MIN_CORES:
+            why.append(
+                f"other processes kept {self.other_cores:.1f} of the {self.cores} cores busy: "
+                "fewer workers (num_workers=...) can be faster while they run"
+            )
+        if len(why) == 1 and len(self.workers) + 1 > self.cores:
+            why.append(
+                f"{len(self.workers)} workers and the calling process take turns on {self.cores} cores: "
+                "try num_workers=" + str(max(1, self.cores - 1))
+            )
+        return "; ".join(why)
+
+    def __str__(self) -> str:
+        wall = self.wall_s or 1e-9
+        lines = [
+            f"{self.steps} steps in {self.wall_s:.2f} s: inside shmvec {self.in_shmvec_s:.2f} s "
+            f"({self.in_shmvec_s / wall:.0%}), between steps {self.between_steps_s:.2f} s "
+            f"({self.between_steps_s / wall:.0%})"
+        ]
+        for k, w in enumerate(self.workers):
+            lines.append(f"  worker {k} ({w.name}): on a core {w.cpu_s:.2f} s, waiting for one {w.starved_s:.2f} s")
+        for t in self.caller_threads:
+            lines.append(f"  caller thread {t.name}: on a core {t.cpu_s:.2f} s, waiting for one {t.starved_s:.2f} s")
+        if self.other_cores is not None:
+            lines.append(f"  other processes: {self.other_cores:.1f} of {self.cores} cores")
+        causes = self.causes()
+        lines += [f"why: {c}" for c in causes] if causes else ["why: nothing stands out"]
+        return "\n".join(lines)
+
+
+class LoopWindow:
+    """A window of a loop, measured: the clock around each step (:meth:`around`), the /proc
+    counters at :meth:`start` and :meth:`stop`.
+
+    Parameters
+    ----------
+    worker_pids : list of int
+        The vector env's worker processes.
+    cores : int
+        The cores the calling process may run on.
+
+    Attributes
+    ----------
+    diagnosis : Diagnosis or None
+        What the window shows, once it stopped.
+    """
+
+    __slots__ = ("worker_pids", "cores", "steps", "inside", "diagnosis", "_t0", "_workers", "_caller", "_busy")
+
+    def __init__(self, worker_pids: list[int], cores: int) -> None:
+        self.worker_pids, self.cores = list(worker_pids), cores
+        self.steps, self.inside = 0, 0.0
+        self.diagnosis: Diagnosis | None = None
+        self._t0 = 0.0
+        self._workers: list[tuple[float, float]] = []
+        self._caller: dict[int, tuple[str, float, float]] = {}
+        self._busy: float | None = None
+
+    def around(self, hooks: StepHooks) -> StepHooks:
+        """``hooks`` with this window's clock around each step."""
+        return _Timed(hooks, self)
+
+    def __str__(self) -> str:
+        return "(a window still open)" if self.diagnosis is None else str(self.diagnosis)
+
+    def _worker_times(self) -> list[tuple[float, float]]:
+        """Each worker's ``(on a core, waiting for one)`` seconds, summed over its threads."""
+        times = []
+        for pid in self.worker_pids:
+            tasks = _tasks(pid).values()
+            times.append((sum(cpu for _, cpu, _ in tasks), sum(starved for _, _, starved in tasks)))
+        return times
+
+    def start(self) -> None:
+        self._workers = self._worker_times()
+        self._caller = _tasks(os.getpid())
+        self._busy = _machine_busy()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> Diagnosis:
+        """Close the window; its :class:`Diagnosis` (also kept as :attr:`diagnosis`)."""
+        wall = time.perf_counter() - self._t0
+        busy = _machine_busy()
+        caller_now = _tasks(os.getpid())
+        workers = []
+        for pid, before, now in zip(self.worker_pids, self._workers, self._worker_times()):
+            workers.append(ThreadTime(f"pid {pid}", max(0.0, now[0] - before[0]), max(0.0, now[1] - before[1])))
+        loop_tid = threading_native_id()
+        threads = []
+        ours = sum(w.cpu_s for w in workers)
+        for tid, (name, cpu, starved) in caller_now.items():
+            name0, cpu0, starved0 = self._caller.get(tid, (name, 0.0, 0.0))
+            ours += cpu - cpu0
+            if tid != loop_tid and cpu - cpu0 > 1e-3:
+                threads.append(ThreadTime(f"{tid} ({name})", cpu - cpu0, starved - starved0))
+        other = None
+        if busy is not None and self._busy is not None and wall > 0:
+            other = max(0.0, (busy - self._busy - ours) / wall)
+        self.diagnosis = Diagnosis(
+            wall_s=wall,
+            steps=self.steps,
+            in_shmvec_s=self.inside,
+            between_steps_s=max(0.0, wall - self.inside),
+            workers=workers,
+            caller_threads=sorted(threads, key=lambda t: -t.cpu_s),
+            other_cores=other,
+            cores=self.cores,
+            pools=_pools(),
+        )
+        return self.diagnosis
+
+
+class _Timed:
+    """Step hooks with a window's clock around them: the time inside each step, and the steps."""
+
+    __slots__ = ("hooks", "window", "entered")
+
+    def __init__(self, hooks: StepHooks, window: LoopWindow) -> None:
+        self.hooks, self.window, self.entered = hooks, window, 0.0
+
+    def enter(self) -> None:
+        self.entered = time.perf_counter()
+        self.hooks.enter()
+
+    def leave(self) -> None:
+        self.hooks.leave()
+        window = self.window
+        window.inside += time.perf_counter() - self.entered
+        window.steps += 1
+
+    def close(self) -> None:
+        self.hooks.close()
+
+
+def threading_native_id() -> int:
+    """The kernel's id of the calling thread (the loop's)."""
+    import threading
+
+    return threading.get_native_id()
