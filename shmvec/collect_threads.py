@@ -26,11 +26,14 @@ from typing import Any
 
 __all__ = ["CollectThreads", "ThreadsNotice"]
 
-# A gap between steps is "long" (an update ran) past this many times the typical short gap,
-# and past LONG_S: far above the hiccups of a busy machine (a few ms), far below an update.
-# A rollout must be at least MIN_PERIOD steps for the rhythm to count.
+# A gap between steps is "long" past this many times the typical short gap, and past LONG_S;
+# a long gap is an update unless it is shorter than UPDATE_SHARE of the updates seen: the loop's
+# thread, descheduled for a time slice or two (10-20 ms) while the workers and torch's threads
+# share the cores, is not an update. A rollout must be at least MIN_PERIOD steps for the rhythm
+# to count.
 LONG_RATIO = 50.0
 LONG_S = 10e-3
+UPDATE_SHARE = 0.5
 MIN_PERIOD = 8
 
 _told = False  # the one line is said once per process
@@ -48,7 +51,7 @@ class CollectThreads:
     the user's threads back if a rollout was cut short.
     """
 
-    __slots__ = ("threads", "period", "last", "count", "short", "left", "lowered", "user")
+    __slots__ = ("threads", "period", "last", "count", "short", "update", "left", "lowered", "user")
 
     def __init__(self, threads: int | None) -> None:
         self.threads = threads
@@ -56,6 +59,7 @@ class CollectThreads:
         self.last = 0  # steps of the last rollout
         self.count = 0  # steps since the last long gap
         self.short = 0.0  # typical gap between the steps of a rollout (seconds)
+        self.update = 0.0  # typical gap of an update (seconds; 0 until one was seen)
         self.left: float | None = None  # perf_counter() as the last step returned
         self.lowered = False
         self.user = 0  # torch's threads before they were lowered
@@ -69,7 +73,11 @@ class CollectThreads:
             return
         gap = time.perf_counter() - left
         if self.short and gap > LONG_S and gap > LONG_RATIO * self.short:
+            if gap < UPDATE_SHARE * self.update:
+                self.count += 1  # a hiccup inside the rollout, not an update
+                return
             # An update ran: the rollout before it had `count` steps, and a new one starts here.
+            self.update = gap if gap > self.update else 0.9 * self.update + 0.1 * gap
             count = self.count
             self.period = count if count == self.last and count >= MIN_PERIOD else 0
             self.last, self.count = count, 1

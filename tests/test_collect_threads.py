@@ -146,3 +146,20 @@ def test_shmvec_lowers_real_torch_threads_during_rollouts():
         assert (in_rollouts, in_updates, torch.get_num_threads()) == ({1}, {2}, 2)
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_descheduled_step_inside_a_rollout_is_not_an_update(torch_and_clock):
+    """The loop's thread, descheduled for a time slice (10-20 ms) while the workers and torch's
+    threads share the cores, must not break the rhythm: found on HalfCheetah x8 with
+    ShmVecEnv.diagnose(), where one such gap per rollout kept torch's threads up."""
+    fake, clock = torch_and_clock
+    guard = CollectThreads(1)
+    gaps = []
+    for r in range(6):
+        rollout = [1e-3] * 15
+        rollout[3 + r] = 0.02  # one hiccup per rollout, at a different step each time
+        gaps += [0.2] + rollout
+    seen = run_loop(guard, fake, clock, gaps + [0.2])
+    forwards = [seen[r * 16 + 1 : (r + 1) * 16] for r in range(6)]
+    assert all(f == [1] * 15 for f in forwards[2:])
+    assert seen[::16] == [USER] * 7  # every update on the user's threads
