@@ -16,10 +16,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Diagnosis", "LoopWindow", "StepHooks", "ThreadTime"]
+from shmvec.checks import usable_cores
+
+__all__ = ["Diagnosable", "Diagnosis", "LoopWindow", "StepHooks", "ThreadTime"]
 
 # A verdict is only given on a clear case: the workers waited for a core longer than this share
 # of their time on one, or the loop's own code took this share of the wall time.
@@ -314,3 +318,42 @@ def threading_native_id() -> int:
     import threading
 
     return threading.get_native_id()
+
+
+class Diagnosable:
+    """The ``diagnose`` part of :class:`~shmvec.ShmVecEnv`'s API (a base class of it)."""
+
+    _session: Any
+    _around_step: StepHooks
+
+    @contextmanager
+    def diagnose(self) -> Iterator[LoopWindow]:
+        """Measure where your loop's time goes while the ``with`` block runs its steps.
+
+        The window's :attr:`~shmvec.loop_timing.LoopWindow.diagnosis` (printable) gives the
+        time inside :meth:`step` and between steps (your own code: the policy, the update),
+        each worker's time on a core and runnable but waiting for one, the calling process's
+        other threads (torch's OpenMP pool, BLAS), the cores other processes took, and the
+        cause, with the fix, when the numbers show a clear case (``docs/benchmarks.md``, "Why
+        is my loop slow?"). It costs two clock reads per step; outside a window, nothing.
+
+        >>> import numpy as np, shmvec
+        >>> envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2)
+        >>> _ = envs.reset(seed=0)
+        >>> with envs.diagnose() as window:
+        ...     for _ in range(100):
+        ...         _ = envs.step(np.zeros(4, dtype=np.int64))
+        >>> window.diagnosis.steps, len(window.diagnosis.workers)
+        (100, 2)
+        >>> envs.close()
+        """
+        self._session.guard("diagnose", needs_reset=False, sync=False)
+        window = LoopWindow(self._session.pool.worker_pids, usable_cores())
+        hooks = self._around_step
+        self._around_step = window.around(hooks)
+        window.start()
+        try:
+            yield window
+        finally:
+            self._around_step = hooks
+            window.stop()

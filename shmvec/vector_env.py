@@ -9,8 +9,7 @@ in files of their own; the options are declared once, in :mod:`shmvec.options`.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -21,10 +20,10 @@ from shmvec.actions import ActionBatch
 from shmvec.async_collection import AsyncCollection
 from shmvec.batched_spaces import BatchedSpace
 from shmvec.blocks import reset_payloads, set_attr_payloads
-from shmvec.checks import env_factories, seeds_per_env, usable_cores
+from shmvec.checks import env_factories, seeds_per_env
 from shmvec.collect_threads import CollectThreads
 from shmvec.lifecycle import Lifecycle
-from shmvec.loop_timing import LoopWindow, StepHooks
+from shmvec.loop_timing import Diagnosable, StepHooks
 from shmvec.options import Options
 from shmvec.protocol import Command
 from shmvec.results import SharedBuffers
@@ -38,7 +37,7 @@ _READY = Lifecycle.READY
 _STEP = int(Command.STEP)
 
 
-class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
+class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
     """Vectorized environment whose worker processes step blocks of envs in shared memory.
 
     Observations, actions, rewards and episode flags live in one shared-memory segment: workers
@@ -298,38 +297,6 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, VectorEnv):
         """Set attribute ``name`` of every env: one value for all, or a list/tuple of one per env."""
         self._guard("set_attr")
         self._session.round(Command.SET_ATTR, set_attr_payloads(name, values, self._session.pool.blocks))
-
-    @contextmanager
-    def diagnose(self) -> Iterator[LoopWindow]:
-        """Measure where your loop's time goes while the ``with`` block runs its steps.
-
-        The window's :attr:`~shmvec.loop_timing.LoopWindow.diagnosis` (printable) gives the
-        time inside :meth:`step` and between steps (your own code: the policy, the update),
-        each worker's time on a core and runnable but waiting for one, the calling process's
-        other threads (torch's OpenMP pool, BLAS), the cores other processes took, and the
-        cause, with the fix, when the numbers show a clear case (``docs/benchmarks.md``, "Why
-        is my loop slow?"). It costs two clock reads per step; outside a window, nothing.
-
-        >>> import numpy as np, shmvec
-        >>> envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2)
-        >>> _ = envs.reset(seed=0)
-        >>> with envs.diagnose() as window:
-        ...     for _ in range(100):
-        ...         _ = envs.step(np.zeros(4, dtype=np.int64))
-        >>> window.diagnosis.steps, len(window.diagnosis.workers)
-        (100, 2)
-        >>> envs.close()
-        """
-        self._session.guard("diagnose", needs_reset=False, sync=False)
-        window = LoopWindow(self.worker_pids, usable_cores())
-        hooks = self._around_step
-        self._around_step = window.around(hooks)
-        window.start()
-        try:
-            yield window
-        finally:
-            self._around_step = hooks
-            window.stop()
 
     # Gymnasium's VectorEnv types these for one generator; its vector envs, ours too, give one per env.
     @property

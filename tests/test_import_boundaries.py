@@ -21,9 +21,9 @@ SIDES = {
     "worker": ["worker", "stepper", "threads", "snapshot", "info_columns"],
     "engine": [
         "checks", "options", "lifecycle", "processes", "pool", "session", "results", "infos", "actions",
-        "async_batches", "collect_threads", "rollout_storage", "loop_timing",
+        "async_batches", "collect_threads", "rollout_storage",
     ],
-    "front": ["vector_env", "async_collection", "rollouts", "states", "batched_spaces", "make_vec"],
+    "front": ["vector_env", "async_collection", "rollouts", "states", "loop_timing", "batched_spaces", "make_vec"],
 }
 ORDER = list(SIDES)
 SIDE_OF = {module: side for side, modules in SIDES.items() for module in modules}
