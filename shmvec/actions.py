@@ -96,17 +96,8 @@ def _box_checker(
 def _integer_checker(
     space: gym.Space, where: str, empty: bool, refuse: Callable[[np.ndarray, np.ndarray, np.ndarray | None], None]
 ) -> Callable[[np.ndarray, np.ndarray | None], None]:
-    """The check of a Discrete, MultiBinary or MultiDiscrete leaf (see :func:`action_checker`).
-
-    Parameters
-    ----------
-    space : gymnasium.spaces.Discrete, MultiBinary or MultiDiscrete
-    where : str
-        The leaf as error messages name it (``actions['key']``).
-    empty : bool
-        Whether the leaf has no elements (every batch is empty).
-    refuse : callable
-        The leaf's failure path (:func:`_refuser`).
+    """The check of a Discrete, MultiBinary or MultiDiscrete leaf ``space``; the other
+    parameters are :func:`_box_checker`'s.
     """
     low: int | np.ndarray  # one bound for every element, or an array of them
     high: int | np.ndarray

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -266,7 +267,7 @@ class LoopWindow:
         workers = []
         for pid, before, now in zip(self.worker_pids, self._workers, self._worker_times()):
             workers.append(ThreadTime(f"pid {pid}", max(0.0, now[0] - before[0]), max(0.0, now[1] - before[1])))
-        loop_tid = threading_native_id()
+        loop_tid = threading.get_native_id()  # the loop's thread: the others are reported
         threads = []
         ours = sum(w.cpu_s for w in workers)
         for tid, (name, cpu, starved) in caller_now.items():
@@ -311,13 +312,6 @@ class _Timed:
 
     def close(self) -> None:
         self.hooks.close()
-
-
-def threading_native_id() -> int:
-    """The kernel's id of the calling thread (the loop's)."""
-    import threading
-
-    return threading.get_native_id()
 
 
 class Diagnosable:

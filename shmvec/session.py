@@ -180,9 +180,9 @@ class Session:
     def submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:
         """Start ``cmd`` on ``blocks`` without waiting (asynchronous collection)."""
         self.held = None
+        self.to_home()  # (before the workers write there: the envs not submitted keep theirs)
         with self.closing:
             self.pool.submit(cmd, blocks, payloads)
-        self.latest = self.home.obs
 
     def receive(self, count: int, ordered: bool) -> tuple[list[int], dict[int, Any], Sequence[int]]:
         """Wait for ``count`` blocks in flight; ``(ready blocks, replies, envs restarted)``, the
