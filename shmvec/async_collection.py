@@ -17,6 +17,7 @@ from shmvec.blocks import reset_payloads
 from shmvec.checks import seeds_per_env
 from shmvec.errors import NonFiniteError, NothingInFlightError
 from shmvec.lifecycle import Lifecycle
+from shmvec.loop_timing import StepHooks
 from shmvec.protocol import Command
 from shmvec.session import Session
 
@@ -31,6 +32,7 @@ class AsyncCollection:
     """
 
     _session: Session
+    _around_step: StepHooks
     num_envs: int
     copy: bool
     ordered: bool
@@ -88,6 +90,7 @@ class AsyncCollection:
             return result
         if not session.in_flight():
             raise NothingInFlightError("recv() with no env in flight: call send() (or async_reset()) first")
+        self._around_step.enter()
         # Fewer blocks in flight than a batch (envs held back): what there is.
         ready, got, restarted = session.receive(self._batch_blocks, self.ordered)
         self._last = batch = self._batches.of(ready)
@@ -102,6 +105,7 @@ class AsyncCollection:
                 # Nothing is lost: the next recv() hands this batch over as it is.
                 session.held, exc.env_ids = (result, batch), batch.ids
                 raise
+        self._around_step.leave()
         return result
 
     def _submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:

@@ -35,6 +35,9 @@ LONG_RATIO = 50.0
 LONG_S = 10e-3
 UPDATE_SHARE = 0.5
 MIN_PERIOD = 8
+# A loop that shows no rhythm after this many updates, or this many steps without one, has none.
+GIVE_UP_UPDATES = 4
+GIVE_UP_STEPS = 1000
 
 _told = False  # the one line is said once per process
 
@@ -51,17 +54,31 @@ class CollectThreads:
     the user's threads back if a rollout was cut short.
     """
 
-    __slots__ = ("threads", "period", "last", "count", "short", "update", "left", "lowered", "user")
+    __slots__ = (
+        "threads",
+        "period",
+        "last",
+        "count",
+        "updates",
+        "short",
+        "update",
+        "left",
+        "lowered",
+        "decided",
+        "user",
+    )
 
     def __init__(self, threads: int | None) -> None:
         self.threads = threads
         self.period = 0  # steps of the last two rollouts, where they agreed (0: no rhythm)
         self.last = 0  # steps of the last rollout
         self.count = 0  # steps since the last long gap
+        self.updates = 0  # long gaps seen
         self.short = 0.0  # typical gap between the steps of a rollout (seconds)
         self.update = 0.0  # typical gap of an update (seconds; 0 until one was seen)
         self.left: float | None = None  # perf_counter() as the last step returned
         self.lowered = False
+        self.decided = False  # a rhythm was found, and torch's threads lowered or found low enough
         self.user = 0  # torch's threads before they were lowered
 
     def enter(self) -> None:
@@ -78,6 +95,7 @@ class CollectThreads:
                 return
             # An update ran: the rollout before it had `count` steps, and a new one starts here.
             self.update = gap if gap > self.update else 0.9 * self.update + 0.1 * gap
+            self.updates += 1
             count = self.count
             self.period = count if count == self.last and count >= MIN_PERIOD else 0
             self.last, self.count = count, 1
@@ -94,7 +112,15 @@ class CollectThreads:
         if self.lowered and self.count >= self.period:
             self.restore()  # the rollout's last step: the update runs with the user's threads
 
+    @property
+    def settled(self) -> bool:
+        """Whether the rollouts' threads are decided: lowered once, or never to be (no
+        ``threads``, no torch, torch already that low, or no rhythm found in time).
+        """
+        return self.threads is None or self.decided or self.updates >= GIVE_UP_UPDATES or self.count >= GIVE_UP_STEPS
+
     def _lower(self) -> None:
+        self.decided = True
         torch: Any = sys.modules.get("torch")
         if torch is None or not hasattr(torch, "get_num_threads"):
             return

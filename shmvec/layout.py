@@ -126,6 +126,8 @@ class Layout(Regions):
     - ``rewards`` float64, ``terminations`` / ``truncations`` / ``autoreset`` bool
     - ``last_return`` float64, ``last_length`` int64, ``episode_count`` int64: the last finished one
     - ``replies``: ``[num_blocks, REPLY_BYTES]`` uint8, each block's last pickled reply (when it fits)
+    - ``busy``: ``[num_blocks, 8]`` float64, one cache line per block: word 0 counts the seconds
+      the block's worker has spent running commands (``ShmVecEnv.diagnose`` reads it)
 
     The ``obs``, ``final_obs`` and ``act`` regions of pickled leaves are ``[num_envs]`` object
     arrays outside the segment (see the module docstring).
@@ -160,6 +162,7 @@ class Layout(Regions):
         layout._add("last_length", (n,), np.int64)
         layout._add("episode_count", (n,), np.int64)
         layout._add("replies", (num_blocks, REPLY_BYTES), np.uint8)
+        layout._add("busy", (num_blocks, CTRL_WORDS), np.float64)
         return layout
 
 

@@ -5,8 +5,10 @@ on: the caller's time inside shmvec (stepping, waiting for the workers), the tim
 steps (the loop's own code: the policy, the update), the workers' time on a core and their
 time runnable but waiting for one (starved), the calling process's other threads (torch's
 OpenMP pool, BLAS), and the cores other processes took. The kernel counts each thread's time on
-a core and its time in the run queue (``/proc/<pid>/task/<tid>/schedstat``); a window reads
-them at its start and end, so measuring costs two clock reads per step.
+a core and its time in the run queue (``/proc/<pid>/task/<tid>/schedstat``), and each worker
+counts its time running commands (the ``busy`` line of the segment, apart from waiting for a
+command, which it may spend spinning on a core); a window reads them at its start and end, so
+measuring costs two clock reads per step.
 
 Linux only (``/proc``); elsewhere the report has the caller's times alone.
 """
@@ -17,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,6 +34,9 @@ STARVED_SHARE = 0.5
 OWN_CODE_SHARE = 0.5
 # Cores below this are not named as a cause.
 MIN_CORES = 0.25
+# The one automatic warning (shmvec.slow_loop) needs a clearer case: the workers waited for a
+# core longer than they ran, and a cause other than their own turns on the cores is seen.
+WARN_SHARE = 1.0
 
 
 class StepHooks(Protocol):
@@ -44,11 +49,15 @@ class StepHooks(Protocol):
 
 @dataclass(frozen=True)
 class ThreadTime:
-    """One thread's (or process's) seconds over a window: on a core, and runnable but waiting for one."""
+    """One thread's (or process's) seconds over a window: on a core, and runnable but waiting
+    for one; for a worker, also its time running commands (``busy_s``: stepping its envs, on a
+    core or waiting for one; the rest of its time on a core was spent waiting for a command).
+    """
 
     name: str
     cpu_s: float
     starved_s: float
+    busy_s: float | None = None
 
 
 def _schedstat(path: str) -> tuple[float, float]:
@@ -124,7 +133,8 @@ class Diagnosis:
     between_steps_s : float
         The rest: the loop's own code (the policy, the update, logging).
     workers : list of ThreadTime
-        Each worker process: its time on a core, and runnable but waiting for one.
+        Each worker process: its time on a core, runnable but waiting for one, and running
+        commands (stepping its envs).
     caller_threads : list of ThreadTime
         The calling process's threads other than the loop's, that were on a core in the window
         (torch's OpenMP pool, BLAS threads, the user's own).
@@ -157,7 +167,13 @@ class Diagnosis:
         found = []
         wall = self.wall_s or 1e-9
         if self.workers and self.starved_share > STARVED_SHARE:
-            found.append(self._starved(wall))
+            numbers, seen = self._starved(wall)
+            if not seen and len(self.workers) + 1 > self.cores:
+                seen = [
+                    f"{len(self.workers)} workers and the calling process take turns on {self.cores} cores: "
+                    f"try num_workers={max(1, self.cores - 1)}"
+                ]
+            found.append("; ".join([numbers, *seen]))
         if self.between_steps_s > OWN_CODE_SHARE * wall:
             found.append(
                 f"the loop's own code (between steps: the policy, the update) took "
@@ -166,31 +182,41 @@ class Diagnosis:
             )
         return found
 
-    def _starved(self, wall: float) -> str:
+    def warning(self) -> str | None:
+        """The one automatic warning's text, on the clearest case only: the workers waited for a
+        core longer than they ran, and the calling process's other threads or other processes
+        took the cores (``None`` otherwise: workers that only take turns with the loop on too few
+        cores are not warned about).
+        """
+        if not self.workers or self.starved_share <= WARN_SHARE:
+            return None
+        numbers, seen = self._starved(self.wall_s or 1e-9)
+        return "; ".join([numbers, *seen]) if seen else None
+
+    def _starved(self, wall: float) -> tuple[str, list[str]]:
+        """The starved workers' numbers, and each cause seen that is not their own (the calling
+        process's other threads, other processes), with its fix.
+        """
         starved = sum(w.starved_s for w in self.workers)
         on_core = sum(w.cpu_s for w in self.workers)
-        why = [
+        numbers = (
             f"the workers waited {starved:.2f} s for a core and ran {on_core:.2f} s in {wall:.2f} s "
             f"({self.starved_share:.1f} s waiting per second running)"
-        ]
+        )
+        seen = []
         threads = sum(t.cpu_s for t in self.caller_threads) / wall
         if threads >= MIN_CORES:
             pools = f" ({'; '.join(self.pools)})" if self.pools else ""
-            why.append(
+            seen.append(
                 f"the calling process's other threads{pools} kept {threads:.1f} cores busy: lower them while "
                 "the envs step (ShmVecEnv(torch_threads='auto'), or torch.set_num_threads)"
             )
         if self.other_cores is not None and self.other_cores >= MIN_CORES:
-            why.append(
+            seen.append(
                 f"other processes kept {self.other_cores:.1f} of the {self.cores} cores busy: "
                 "fewer workers (num_workers=...) can be faster while they run"
             )
-        if len(why) == 1 and len(self.workers) + 1 > self.cores:
-            why.append(
-                f"{len(self.workers)} workers and the calling process take turns on {self.cores} cores: "
-                "try num_workers=" + str(max(1, self.cores - 1))
-            )
-        return "; ".join(why)
+        return numbers, seen
 
     def __str__(self) -> str:
         wall = self.wall_s or 1e-9
@@ -200,7 +226,10 @@ class Diagnosis:
             f"({self.between_steps_s / wall:.0%})"
         ]
         for k, w in enumerate(self.workers):
-            lines.append(f"  worker {k} ({w.name}): on a core {w.cpu_s:.2f} s, waiting for one {w.starved_s:.2f} s")
+            busy = "" if w.busy_s is None else f"running commands {w.busy_s:.2f} s, "
+            lines.append(
+                f"  worker {k} ({w.name}): {busy}on a core {w.cpu_s:.2f} s, waiting for one {w.starved_s:.2f} s"
+            )
         for t in self.caller_threads:
             lines.append(f"  caller thread {t.name}: on a core {t.cpu_s:.2f} s, waiting for one {t.starved_s:.2f} s")
         if self.other_cores is not None:
@@ -220,6 +249,8 @@ class LoopWindow:
         The vector env's worker processes.
     cores : int
         The cores the calling process may run on.
+    busy : callable, optional
+        Each worker's seconds running commands so far (``WorkerPool.busy_seconds``).
 
     Attributes
     ----------
@@ -227,14 +258,14 @@ class LoopWindow:
         What the window shows, once it stopped.
     """
 
-    __slots__ = ("worker_pids", "cores", "steps", "inside", "diagnosis", "_t0", "_workers", "_caller", "_busy")
+    __slots__ = ("worker_pids", "cores", "busy", "steps", "inside", "diagnosis", "_t0", "_workers", "_caller", "_busy")
 
-    def __init__(self, worker_pids: list[int], cores: int) -> None:
-        self.worker_pids, self.cores = list(worker_pids), cores
+    def __init__(self, worker_pids: list[int], cores: int, busy: Callable[[], list[float]] | None = None) -> None:
+        self.worker_pids, self.cores, self.busy = list(worker_pids), cores, busy
         self.steps, self.inside = 0, 0.0
         self.diagnosis: Diagnosis | None = None
         self._t0 = 0.0
-        self._workers: list[tuple[float, float]] = []
+        self._workers: list[tuple[float, float, float | None]] = []
         self._caller: dict[int, tuple[str, float, float]] = {}
         self._busy: float | None = None
 
@@ -245,12 +276,20 @@ class LoopWindow:
     def __str__(self) -> str:
         return "(a window still open)" if self.diagnosis is None else str(self.diagnosis)
 
-    def _worker_times(self) -> list[tuple[float, float]]:
-        """Each worker's ``(on a core, waiting for one)`` seconds, summed over its threads."""
+    def elapsed(self) -> float:
+        """Seconds since the window started."""
+        return time.perf_counter() - self._t0
+
+    def _worker_times(self) -> list[tuple[float, float, float | None]]:
+        """Each worker's ``(on a core, waiting for one, running commands)`` seconds, the first two
+        summed over its threads.
+        """
+        busy: list[float | None] = list(self.busy()) if self.busy is not None else []
+        busy += [None] * (len(self.worker_pids) - len(busy))
         times = []
-        for pid in self.worker_pids:
+        for pid, commands in zip(self.worker_pids, busy):
             tasks = _tasks(pid).values()
-            times.append((sum(cpu for _, cpu, _ in tasks), sum(starved for _, _, starved in tasks)))
+            times.append((sum(cpu for _, cpu, _ in tasks), sum(starved for _, _, starved in tasks), commands))
         return times
 
     def start(self) -> None:
@@ -266,7 +305,10 @@ class LoopWindow:
         caller_now = _tasks(os.getpid())
         workers = []
         for pid, before, now in zip(self.worker_pids, self._workers, self._worker_times()):
-            workers.append(ThreadTime(f"pid {pid}", max(0.0, now[0] - before[0]), max(0.0, now[1] - before[1])))
+            commands = None if now[2] is None or before[2] is None else max(0.0, now[2] - before[2])
+            workers.append(
+                ThreadTime(f"pid {pid}", max(0.0, now[0] - before[0]), max(0.0, now[1] - before[1]), commands)
+            )
         loop_tid = threading.get_native_id()  # the loop's thread: the others are reported
         threads = []
         ours = sum(w.cpu_s for w in workers)
@@ -320,13 +362,19 @@ class Diagnosable:
     _session: Any
     _around_step: StepHooks
 
+    def _window(self) -> LoopWindow:
+        """A window over this vector env's workers (not started)."""
+        pool = self._session.pool
+        return LoopWindow(pool.worker_pids, usable_cores(), pool.busy_seconds)
+
     @contextmanager
     def diagnose(self) -> Iterator[LoopWindow]:
         """Measure where your loop's time goes while the ``with`` block runs its steps.
 
         The window's :attr:`~shmvec.loop_timing.LoopWindow.diagnosis` (printable) gives the
-        time inside :meth:`step` and between steps (your own code: the policy, the update),
-        each worker's time on a core and runnable but waiting for one, the calling process's
+        time inside :meth:`step` (or :meth:`recv`, or the rounds of :meth:`rollout`) and between
+        steps (your own code: the policy, the update), each worker's time running commands (its
+        envs' code), on a core and runnable but waiting for one, the calling process's
         other threads (torch's OpenMP pool, BLAS), the cores other processes took, and the
         cause, with the fix, when the numbers show a clear case (``docs/benchmarks.md``, "Why
         is my loop slow?"). It costs two clock reads per step; outside a window, nothing.
@@ -342,7 +390,7 @@ class Diagnosable:
         >>> envs.close()
         """
         self._session.guard("diagnose", needs_reset=False, sync=False)
-        window = LoopWindow(self._session.pool.worker_pids, usable_cores())
+        window = self._window()
         hooks = self._around_step
         self._around_step = window.around(hooks)
         window.start()

@@ -43,6 +43,7 @@ class Options:
     worker_threads: int | None = 1
     ordered: bool = False
     torch_threads: int | str | None = "auto"
+    warn_slow_loop: bool = True
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -73,6 +74,7 @@ class Options:
             ordered=bool(raw.ordered),
             worker_threads=None if raw.worker_threads is None else positive_int(raw.worker_threads, "worker_threads"),
             torch_threads=torch_threads,
+            warn_slow_loop=bool(raw.warn_slow_loop),
         )
 
     def replace(self, name: str, value: Any) -> Options:

@@ -15,6 +15,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from shmvec.checks import positive_int
+from shmvec.loop_timing import StepHooks
 from shmvec.protocol import Command
 from shmvec.rollout_storage import RolloutStorage, split_policy_output
 from shmvec.session import Session
@@ -27,6 +28,7 @@ class Rollouts:
     """The rollout part of :class:`~shmvec.ShmVecEnv`'s API (a base class of it)."""
 
     _session: Session
+    _around_step: StepHooks
     _storage: RolloutStorage | None = None
     single_observation_space: spaces.Space
     single_action_space: spaces.Space
@@ -114,7 +116,7 @@ class Rollouts:
             )
         storage.start(session.latest, session.autoreset)
         try:
-            fill(storage, policy, session, self.single_action_space)
+            fill(storage, policy, session, self.single_action_space, self._around_step)
         finally:
             session.latest = [o[storage.rows_done] for o in storage.obs]
         return storage.batch()
@@ -154,17 +156,26 @@ def check_rollout(
         raise TypeError(f"rollout(policy=...) must be callable (obs -> actions), got {type(policy).__name__}")
 
 
-def fill(storage: RolloutStorage, policy: Callable[[Any], Any], session: Session, action_space: spaces.Space) -> None:
-    """Fill every row of ``storage``. An error stops the loop: the rows before it
+def fill(
+    storage: RolloutStorage,
+    policy: Callable[[Any], Any],
+    session: Session,
+    action_space: spaces.Space,
+    hooks: StepHooks,
+) -> None:
+    """Fill every row of ``storage``, with ``hooks`` around each row's round (the policy runs
+    between them, as between ``step`` calls). An error stops the loop: the rows before it
     (``storage.rows_done``) hold valid steps, and the envs continue from there.
     """
     restarted: list[tuple[int, Sequence[int]]] = []
     for t in range(storage.num_steps):
         actions, extras = split_policy_output(policy(storage.policy_obs[t]), action_space)
+        hooks.enter()
         row = storage.rows[t]
         session.write_actions(actions, row.act)
         storage.record_extras(t, extras)
         infos, envs = session.step(Command.ROLLOUT_STEP, row, t)
+        hooks.leave()
         storage.rows_done = t + 1
         if envs:
             restarted.append((t, envs))

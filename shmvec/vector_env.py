@@ -29,6 +29,7 @@ from shmvec.protocol import Command
 from shmvec.results import SharedBuffers
 from shmvec.rollouts import Rollouts
 from shmvec.session import Session
+from shmvec.slow_loop import SlowLoopWatch
 from shmvec.states import Snapshots
 
 __all__ = ["ShmVecEnv", "SharedBuffers"]
@@ -137,15 +138,23 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         policy then see identical batches; the price is the wait for a slow block that
         free order would have passed over (``docs/async.md``).
     torch_threads : int, "auto" or None, default "auto"
-        torch's intra-op threads in the calling process while :meth:`step` collects a rollout.
-        torch's OpenMP threads spin after every parallel op, on the cores the workers need; in
-        a loop that collects a fixed number of steps between updates (PPO's), the vector env
-        lowers torch to this many threads from the second rollout on, as a rollout's first step
-        starts, and gives the user's number back as its last step returns, so the update runs
-        unchanged (``docs/benchmarks.md``, "In a training loop with torch"). ``"auto"``: the usable
-        cores less the worker processes, at least 1. ``None`` leaves torch alone; so does a loop
-        that never imported torch or has no such rhythm. Said once per process (a
-        :class:`~shmvec.collect_threads.ThreadsNotice` warning); undone by :meth:`close`.
+        torch's intra-op threads in the calling process while :meth:`step` (or :meth:`recv`, or
+        :meth:`rollout`) collects a rollout. torch's OpenMP threads spin after every parallel
+        op, on the cores the workers need; in a loop that collects a fixed number of steps
+        between updates (PPO's), the vector env lowers torch to this many threads from the
+        second rollout on, as a rollout's first step starts, and gives the user's number back as
+        its last step returns, so the update runs unchanged (``docs/benchmarks.md``, "In a
+        training loop with torch"). ``"auto"``: the usable cores less the worker processes, at
+        least 1. ``None`` leaves torch alone; so does a loop that never imported torch or has no
+        such rhythm. Said once per process (a :class:`~shmvec.collect_threads.ThreadsNotice`
+        warning); undone by :meth:`close`.
+    warn_slow_loop : bool, default True
+        Once the loop runs in its steady rhythm, measure one window of it (at least 5 s of its
+        own steps, as :meth:`diagnose` does) and warn, once, with the numbers and the fix, if
+        its workers waited for a core longer than they ran because the calling process's other
+        threads or other processes took the cores (a
+        :class:`~shmvec.slow_loop.SlowLoopWarning`; ``docs/benchmarks.md``, "Why is my loop
+        slow?"). ``False`` never measures.
     """
 
     observation_space = BatchedSpace("single_observation_space")
@@ -169,6 +178,7 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         worker_threads: int | None = 1,
         ordered: bool = False,
         torch_threads: int | str | None = "auto",
+        warn_slow_loop: bool = True,
     ) -> None:
         super().__init__()
         given = locals()  # the options, as passed: one per field of Options (a test checks the signature)
@@ -183,8 +193,9 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         self.ordered = options.ordered
         self.worker_threads = options.worker_threads
         # What runs as each step starts and returns: torch's threads for the rollout (and, while
-        # diagnose() measures a window, its clock).
-        self._around_step: StepHooks = CollectThreads(options.torch_threads)  # type: ignore[arg-type]
+        # a window of the loop is measured, its clock: the one automatic window, or diagnose()'s).
+        hooks = CollectThreads(options.torch_threads)  # type: ignore[arg-type]
+        self._around_step: StepHooks = SlowLoopWatch(hooks, self) if options.warn_slow_loop else hooks
         self._session = session = Session(env_fns, options, self)
         self._finalizer = weakref.finalize(self, session.pool.shutdown)
         self.context = session.pool.context

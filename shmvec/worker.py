@@ -72,6 +72,7 @@ def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
             stepper,
             control_lines(views),
             memoryview(views["replies"][block]),
+            memoryview(views["busy"][block]),
             block,
             conn,
             wake_r.fileno(),
@@ -139,6 +140,7 @@ def _serve(
     envs: Stepper,
     lines: list,
     replies: memoryview,
+    busy: memoryview,
     block: int,
     conn,
     wake_r: int,
@@ -176,13 +178,16 @@ def _serve(
                     break
                 if dead or os.getppid() != ppid:
                     return  # the main process died: exit quietly
-        policy.update(clock() - t0)
+        t1 = clock()
+        policy.update(t1 - t0)
         fence()
         seq = int(mine[GO])
         cmd = int(mine[CMD])
         arg = int(mine[ARG])
         payload = conn.recv() if mine[PAYLOAD] else None
         status, reply = _execute(envs, cmd, payload, arg, conn, block, pickled_obs)
+        # Time in commands, apart from waiting for them (diagnose() reads it); a float64 view.
+        busy[0] += clock() - t1  # type: ignore[call-overload]
         piped = False
         if status != _OK:
             size = len(reply)

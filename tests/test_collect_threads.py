@@ -163,3 +163,25 @@ def test_a_descheduled_step_inside_a_rollout_is_not_an_update(torch_and_clock):
     forwards = [seen[r * 16 + 1 : (r + 1) * 16] for r in range(6)]
     assert all(f == [1] * 15 for f in forwards[2:])
     assert seen[::16] == [USER] * 7  # every update on the user's threads
+
+
+def test_settled_once_the_threads_are_decided_or_no_rhythm_is_found(torch_and_clock):
+    """What SlowLoopWatch waits for: a window taken before would see threads about to be lowered."""
+    fake, clock = torch_and_clock
+    assert CollectThreads(None).settled
+    guard = CollectThreads(1)
+    run_loop(guard, fake, clock, ppo_gaps(rollouts=1, steps=16))
+    assert not guard.settled
+    run_loop(guard, fake, clock, ppo_gaps(rollouts=2, steps=16)[1:])
+    assert guard.settled and fake.threads == 1  # the rhythm was found: lowered
+    irregular = CollectThreads(1)
+    for steps in range(16, 16 + 4 * collect_threads.GIVE_UP_UPDATES, 4):
+        assert not irregular.settled
+        run_loop(irregular, fake, clock, [0.5] + [1e-3] * (steps - 1))
+    run_loop(irregular, fake, clock, [0.5])
+    assert irregular.settled and irregular.period == 0
+    no_updates = CollectThreads(1)
+    run_loop(no_updates, fake, clock, [0.02] * (collect_threads.GIVE_UP_STEPS - 1))
+    assert not no_updates.settled
+    run_loop(no_updates, fake, clock, [0.02])
+    assert no_updates.settled

@@ -23,7 +23,7 @@ SIDES = {
         "checks", "options", "lifecycle", "processes", "pool", "session", "results", "infos", "actions",
         "async_batches", "collect_threads", "rollout_storage",
     ],
-    "front": ["vector_env", "async_collection", "rollouts", "states", "loop_timing", "batched_spaces", "make_vec"],
+    "front": ["vector_env", "async_collection", "rollouts", "states", "loop_timing", "slow_loop", "batched_spaces", "make_vec"],
 }
 ORDER = list(SIDES)
 SIDE_OF = {module: side for side, modules in SIDES.items() for module in modules}

@@ -130,7 +130,8 @@ def test_layout_examples(obs, act, final):
                 "last_return": ((num_envs,), np.float64),
                 "last_length": ((num_envs,), np.int64),
                 "episode_count": ((num_envs,), np.int64),
-                "replies": ((num_blocks, REPLY_BYTES), np.uint8)}
+                "replies": ((num_blocks, REPLY_BYTES), np.uint8),
+                "busy": ((num_blocks, CTRL_WORDS), np.float64)}
     for i, leaf in enumerate(space_leaves(obs)):
         expected[f"obs/{i}"] = ((num_envs, *leaf.shape), leaf.dtype)
         if final:

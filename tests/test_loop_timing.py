@@ -3,13 +3,17 @@
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
 
 import shmvec
 from shmvec.checks import usable_cores
+from shmvec import slow_loop
 from shmvec.loop_timing import Diagnosis, ThreadTime
+from shmvec.slow_loop import SlowLoopWarning, SlowLoopWatch
+from envs_for_tests import SlowEnv
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's counters are in /proc")
 
@@ -83,3 +87,105 @@ def test_workers_and_loop_taking_turns_is_the_last_guess():
 def test_the_loops_own_code_is_named_when_it_dominates():
     (cause,) = diagnosis(in_shmvec_s=0.2, between_steps_s=0.8).causes()
     assert cause.startswith("the loop's own code") and "80%" in cause and "other 20%" in cause
+
+
+def test_recv_calls_and_rollout_rows_are_the_steps_of_a_window():
+    with shmvec.ShmVecEnv([lambda: SlowEnv(200.0) for _ in range(4)], num_workers=2, batch_size=2) as envs:
+        envs.async_reset(seed=0)
+        with envs.diagnose() as window:
+            for _ in range(100):
+                *_, ids = envs.recv()
+                envs.send(np.zeros(len(ids), dtype=np.int64), ids)
+        d = window.diagnosis
+        assert d.steps == 100 and 0 < d.in_shmvec_s < d.wall_s
+    with shmvec.ShmVecEnv([lambda: SlowEnv(200.0) for _ in range(4)], num_workers=2) as envs:
+        envs.reset(seed=0)
+        with envs.diagnose() as window:
+            envs.rollout(lambda obs: np.zeros(4, dtype=np.int64), num_steps=50)
+        assert window.diagnosis.steps == 50
+
+
+def test_each_worker_reports_its_time_running_commands_apart_from_waiting_for_them():
+    with shmvec.ShmVecEnv([lambda: SlowEnv(1000.0) for _ in range(2)], num_workers=2) as envs:
+        envs.reset(seed=0)
+        with envs.diagnose() as window:
+            for _ in range(100):
+                envs.step(np.zeros(2, dtype=np.int64))
+                t = time.perf_counter()
+                while time.perf_counter() - t < 2e-3:  # the loop's own code, while the workers wait
+                    pass
+    d = window.diagnosis
+    for w in d.workers:
+        # 100 steps of 1 ms each, in the window of about 300 ms
+        assert 0.09 <= w.busy_s <= 0.9 * d.wall_s
+    assert "running commands" in str(d)
+
+
+def test_the_warning_is_for_the_clearest_case_only():
+    starved = [ThreadTime("pid 1", 0.2, 0.5), ThreadTime("pid 2", 0.2, 0.5)]
+    assert diagnosis().warning() is None  # healthy
+    assert diagnosis(workers=starved).warning() is None  # workers and loop only take turns
+    text = diagnosis(workers=starved, caller_threads=[ThreadTime("7 (python)", 0.9, 0.0)]).warning()
+    assert "waited 1.00 s for a core and ran 0.40 s" in text and "other threads" in text
+    assert "other processes kept 1.5" in diagnosis(workers=starved, other_cores=1.5).warning()
+    # starved, but less than they ran: diagnose() names it, the warning does not
+    mild = [ThreadTime("pid 1", 0.4, 0.3), ThreadTime("pid 2", 0.4, 0.3)]
+    d = diagnosis(workers=mild, other_cores=1.5)
+    assert d.causes() and d.warning() is None
+
+
+@pytest.fixture
+def short_window(monkeypatch):
+    monkeypatch.setattr(slow_loop, "WARMUP_STEPS", 20)
+    monkeypatch.setattr(slow_loop, "WINDOW_S", 1.0)
+
+
+def test_a_loop_that_starves_its_workers_is_warned_about_once(short_window):
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(usable_cores() + 1)]
+    try:
+        time.sleep(0.3)
+        for warn in (True, False):
+            with shmvec.ShmVecEnv(
+                [lambda: SlowEnv(500.0) for _ in range(4)], num_workers=2, torch_threads=None, warn_slow_loop=warn
+            ) as envs:  # (torch_threads=None: no rhythm to wait for, the window opens after the warm-up)
+                envs.reset(seed=0)
+                watch = envs._around_step
+                assert isinstance(watch, SlowLoopWatch) is warn
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    t = time.perf_counter()
+                    while time.perf_counter() - t < 3.0:
+                        envs.step(np.zeros(4, dtype=np.int64))
+                said = [w for w in caught if issubclass(w.category, SlowLoopWarning)]
+                if warn:
+                    (one,) = said
+                    assert "waited" in str(one.message) and "other processes kept" in str(one.message)
+                    assert "warn_slow_loop=False" in str(one.message)
+                    assert envs._around_step is watch.hooks  # measured once: out of the step path
+                else:
+                    assert said == []
+    finally:
+        for p in burners:
+            p.kill()
+            p.wait()
+
+
+def test_the_window_waits_for_the_threads_rhythm_to_settle(short_window):
+    class Hooks:
+        settled = False
+
+        def enter(self): ...
+        def leave(self): ...
+        def close(self): ...
+
+    with shmvec.make("CartPole-v1", num_envs=2, num_workers=1) as envs:
+        hooks = Hooks()
+        envs._around_step = watch = SlowLoopWatch(hooks, envs)
+        envs.reset(seed=0)
+        for _ in range(100):
+            envs.step(np.zeros(2, dtype=np.int64))
+        assert watch.window is None and watch.warmup == 20
+        hooks.settled = True
+        for _ in range(25):
+            envs.step(np.zeros(2, dtype=np.int64))
+        assert watch.window is not None and watch.window.steps == 6  # from the 20th settled step on

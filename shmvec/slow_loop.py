@@ -1,0 +1,98 @@
+"""The one automatic warning: a window of the user's loop, measured once, and a word on a clear case.
+
+A user who never calls :meth:`ShmVecEnv.diagnose` should still hear when the loop around the
+vector env starves its workers. :class:`SlowLoopWatch` waits until the loop is in its steady
+rhythm (torch's threads for the rollouts settled, see :mod:`shmvec.collect_threads`: a window
+taken before that would see the spinning threads that ``torch_threads="auto"`` is about to
+quiet), measures one window of at least ``WINDOW_S`` seconds over the user's own steps, and
+warns once if :meth:`~shmvec.loop_timing.Diagnosis.warning` finds the clear case: the workers
+waited for a core longer than they ran, and something other than their own turns with the loop
+took the cores. Then it takes itself out of the step path.
+``ShmVecEnv(warn_slow_loop=False)`` never measures.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from typing import Any
+
+from shmvec.collect_threads import CollectThreads
+from shmvec.loop_timing import LoopWindow, StepHooks
+
+__all__ = ["SlowLoopWarning", "SlowLoopWatch"]
+
+# The window: steps after the rhythm settled before it opens (the loop's first steps are not
+# its steady state), and how long it lasts (several rollouts and updates of a PPO loop).
+WARMUP_STEPS = 64
+WINDOW_S = 5.0
+WINDOW_STEPS = 64
+
+
+class SlowLoopWarning(UserWarning):
+    """Said at most once per vector env, when a measured window of the loop shows its workers
+    starved by the calling process's other threads or by other processes (with the numbers
+    and the fix); ``ShmVecEnv(warn_slow_loop=False)`` silences it.
+    """
+
+
+class SlowLoopWatch:
+    """Step hooks around ``hooks`` that measure one window of the loop and warn on a clear case.
+
+    Parameters
+    ----------
+    hooks : CollectThreads
+        The vector env's hooks; the window opens once they are :attr:`~CollectThreads.settled`.
+    owner : Diagnosable
+        The vector env (held weakly): it makes the window, and gets ``hooks`` back as its
+        ``_around_step`` once the window is judged.
+    """
+
+    __slots__ = ("hooks", "owner", "current", "window", "warmup")
+
+    def __init__(self, hooks: CollectThreads, owner: Any) -> None:
+        self.hooks = hooks
+        self.owner = weakref.ref(owner)
+        self.current: StepHooks = hooks  # hooks, or the window's clock around them
+        self.window: LoopWindow | None = None  # while it is open
+        self.warmup = WARMUP_STEPS  # settled steps before it opens (0: opened, or never to be)
+
+    def enter(self) -> None:
+        if self.warmup and self.hooks.settled:
+            self.warmup -= 1
+            if not self.warmup:
+                self._open()
+        self.current.enter()
+
+    def leave(self) -> None:
+        self.current.leave()
+        window = self.window
+        if window is not None and window.steps >= WINDOW_STEPS and window.elapsed() >= WINDOW_S:
+            self._judge(window)
+
+    def close(self) -> None:
+        self.hooks.close()
+
+    def _open(self) -> None:
+        owner = self.owner()
+        if owner is None:
+            return
+        self.window = window = owner._window()
+        self.current = window.around(self.hooks)
+        window.start()
+
+    def _judge(self, window: LoopWindow) -> None:
+        diagnosis = window.stop()
+        self.current, self.window = self.hooks, None
+        owner = self.owner()
+        if owner is not None and owner._around_step is self:
+            owner._around_step = self.hooks  # measured once: the step path is the hooks' alone again
+        text = diagnosis.warning()
+        if text is not None:
+            warnings.warn(
+                f"shmvec: this loop starves its vector env's workers. Over {diagnosis.steps} steps "
+                f"({diagnosis.wall_s:.1f} s): {text}. envs.diagnose() measures a window of your choice "
+                "(docs/benchmarks.md, 'Why is my loop slow?'); ShmVecEnv(warn_slow_loop=False) silences this",
+                SlowLoopWarning,
+                stacklevel=4,
+            )
