@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from typing import Any
+
+from shmvec.errors import warn_at_caller
 
 __all__ = ["CollectThreads", "ThreadsNotice"]
 
@@ -132,12 +133,11 @@ class CollectThreads:
         global _told
         if not _told:
             _told = True
-            warnings.warn(
+            warn_at_caller(
                 f"shmvec: torch runs on {self.threads} intra-op thread(s) while a rollout of {self.period} steps "
                 f"is collected, and on its {user} between rollouts, so that its spinning threads leave the "
                 "workers their cores; ShmVecEnv(torch_threads=None) turns this off",
                 ThreadsNotice,
-                stacklevel=4,
             )
 
     def restore(self) -> None:

@@ -1,4 +1,4 @@
-"""The exceptions shmvec raises.
+"""The exceptions shmvec raises, and where its warnings point.
 
 Where Gymnasium has an exception for the same mistake, shmvec's derives from it, so code that
 catches Gymnasium's (``ClosedEnvironmentError``, ``NoAsyncCallError``) catches shmvec's too.
@@ -6,6 +6,9 @@ catches Gymnasium's (``ClosedEnvironmentError``, ``NoAsyncCallError``) catches s
 
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from typing import Any
 
 from gymnasium.error import ClosedEnvironmentError, NoAsyncCallError
@@ -162,3 +165,17 @@ class SnapshotError(ShmVecError, TypeError):
     ``load_state_dict``): the message names the env, its layers, and what stood in the way.
     From a worker it comes back inside a :class:`WorkerError`; the vector env stays usable.
     """
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_at_caller(message: str, category: type[Warning]) -> None:
+    """Warn, naming the user's line: the first frame outside shmvec, however many of shmvec's
+    own calls (step hooks, a measured window) lie between.
+    """
+    frame = sys._getframe(1)
+    level = 2
+    while frame.f_back is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

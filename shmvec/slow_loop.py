@@ -13,11 +13,11 @@ took the cores. Then it takes itself out of the step path.
 
 from __future__ import annotations
 
-import warnings
 import weakref
 from typing import Any
 
 from shmvec.collect_threads import CollectThreads
+from shmvec.errors import warn_at_caller
 from shmvec.loop_timing import LoopWindow, StepHooks
 
 __all__ = ["SlowLoopWarning", "SlowLoopWatch"]
@@ -89,10 +89,9 @@ class SlowLoopWatch:
             owner._around_step = self.hooks  # measured once: the step path is the hooks' alone again
         text = diagnosis.warning()
         if text is not None:
-            warnings.warn(
+            warn_at_caller(
                 f"shmvec: this loop starves its vector env's workers. Over {diagnosis.steps} steps "
                 f"({diagnosis.wall_s:.1f} s): {text}. envs.diagnose() measures a window of your choice "
                 "(docs/benchmarks.md, 'Why is my loop slow?'); ShmVecEnv(warn_slow_loop=False) silences this",
                 SlowLoopWarning,
-                stacklevel=4,
             )

@@ -115,6 +115,7 @@ def test_said_once(torch_and_clock, monkeypatch):
     assert len(notices) == 1
     assert "1 intra-op thread(s) while a rollout of 16 steps" in str(notices[0].message)
     assert "torch_threads=None" in str(notices[0].message)
+    assert notices[0].filename == __file__  # the user's line (here run_loop's), not shmvec's
 
 
 def test_shmvec_lowers_real_torch_threads_during_rollouts():

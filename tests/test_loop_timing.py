@@ -161,6 +161,7 @@ def test_a_loop_that_starves_its_workers_is_warned_about_once(short_window):
                     (one,) = said
                     assert "waited" in str(one.message) and "other processes kept" in str(one.message)
                     assert "warn_slow_loop=False" in str(one.message)
+                    assert one.filename == __file__  # the user's line, under shmvec's own hooks
                     assert envs._around_step is watch.hooks  # measured once: out of the step path
                 else:
                     assert said == []
