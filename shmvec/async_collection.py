@@ -91,21 +91,23 @@ class AsyncCollection:
         if not session.in_flight():
             raise NothingInFlightError("recv() with no env in flight: call send() (or async_reset()) first")
         self._around_step.enter()
-        # Fewer blocks in flight than a batch (envs held back): what there is.
-        ready, got, restarted = session.receive(self._batch_blocks, self.ordered)
-        self._last = batch = self._batches.of(ready)
-        commands = session.pool.commands
-        same_step = session.same_step and any(commands[b] == Command.STEP for b in ready)
-        infos = session.infos_of([got.get(b) for b in ready], restarted, session.home, same_step, batch)
-        result = (*session.results.batch(batch.rows, batch.contiguous, self.copy), infos, batch.ids)
-        if session.check_finite:
-            try:
-                session.finite(session.home, batch)
-            except NonFiniteError as exc:
-                # Nothing is lost: the next recv() hands this batch over as it is.
-                session.held, exc.env_ids = (result, batch), batch.ids
-                raise
-        self._around_step.leave()
+        try:
+            # Fewer blocks in flight than a batch (envs held back): what there is.
+            ready, got, restarted = session.receive(self._batch_blocks, self.ordered)
+            self._last = batch = self._batches.of(ready)
+            commands = session.pool.commands
+            same_step = session.same_step and any(commands[b] == Command.STEP for b in ready)
+            infos = session.infos_of([got.get(b) for b in ready], restarted, session.home, same_step, batch)
+            result = (*session.results.batch(batch.rows, batch.contiguous, self.copy), infos, batch.ids)
+            if session.check_finite:
+                try:
+                    session.finite(session.home, batch)
+                except NonFiniteError as exc:
+                    # Nothing is lost: the next recv() hands this batch over as it is.
+                    session.held, exc.env_ids = (result, batch), batch.ids
+                    raise
+        finally:
+            self._around_step.leave()
         return result
 
     def _submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:

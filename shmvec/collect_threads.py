@@ -52,7 +52,8 @@ class CollectThreads:
 
     Call :meth:`enter` as a step starts and :meth:`leave` as it returns, from the thread that
     runs the loop (torch's thread count is that thread's OpenMP setting); :meth:`close` gives
-    the user's threads back if a rollout was cut short.
+    the user's threads back if a rollout was cut short. The rhythm is read with ``None`` too:
+    the automatic window (:mod:`shmvec.slow_loop`) leaves the updates out by it.
     """
 
     __slots__ = (
@@ -83,8 +84,6 @@ class CollectThreads:
         self.user = 0  # torch's threads before they were lowered
 
     def enter(self) -> None:
-        if self.threads is None:
-            return
         left = self.left
         if left is None:
             self.count = 1
@@ -107,23 +106,26 @@ class CollectThreads:
         self.count += 1
 
     def leave(self) -> None:
-        if self.threads is None:
-            return
         self.left = time.perf_counter()
         if self.lowered and self.count >= self.period:
             self.restore()  # the rollout's last step: the update runs with the user's threads
 
     @property
     def settled(self) -> bool:
-        """Whether the rollouts' threads are decided: lowered once, or never to be (no
-        ``threads``, no torch, torch already that low, or no rhythm found in time).
+        """Whether the rollouts' threads are decided: the rhythm was found (and torch's threads
+        lowered, unless there was nothing to lower), or no rhythm was found in time.
         """
-        return self.threads is None or self.decided or self.updates >= GIVE_UP_UPDATES or self.count >= GIVE_UP_STEPS
+        return self.decided or self.updates >= GIVE_UP_UPDATES or self.count >= GIVE_UP_STEPS
+
+    @property
+    def rollout_done(self) -> bool:
+        """Whether the step that just returned was a rollout's last (an update follows)."""
+        return bool(self.period) and self.count >= self.period
 
     def _lower(self) -> None:
         self.decided = True
         torch: Any = sys.modules.get("torch")
-        if torch is None or not hasattr(torch, "get_num_threads"):
+        if self.threads is None or torch is None or not hasattr(torch, "get_num_threads"):
             return
         user = torch.get_num_threads()
         if user <= self.threads:

@@ -7,8 +7,8 @@ time runnable but waiting for one (starved), the calling process's other threads
 OpenMP pool, BLAS), and the cores other processes took. The kernel counts each thread's time on
 a core and its time in the run queue (``/proc/<pid>/task/<tid>/schedstat``), and each worker
 counts its time running commands (the ``busy`` line of the segment, apart from waiting for a
-command, which it may spend spinning on a core); a window reads them at its start and end, so
-measuring costs two clock reads per step.
+command, which it may spend spinning on a core; one addition per command, always); a window
+reads them at its edges, so measuring costs two clock reads per step.
 
 Linux only (``/proc``); elsewhere the report has the caller's times alone.
 """
@@ -88,15 +88,24 @@ def _tasks(pid: int) -> dict[int, tuple[str, float, float]]:
 
 
 def _machine_busy() -> float | None:
-    """Seconds of CPU the whole machine has spent busy since boot (``/proc/stat``), or ``None``."""
+    """Seconds the cores this process may run on have spent busy since boot (``/proc/stat``'s
+    ``cpuN`` lines: in a container the file may count the host's cores), or ``None``.
+    """
     try:
+        cores = os.sched_getaffinity(0)
         with open("/proc/stat") as f:
-            fields = f.readline().split()[1:]
-    except OSError:
+            lines = f.read().splitlines()
+    except (AttributeError, OSError):
         return None
-    ticks = [int(x) for x in fields]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle, iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    busy, seen = 0, False
+    for line in lines:
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores):
+            continue
+        ticks = [int(x) for x in rest.split()]
+        busy += sum(ticks[:8]) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)  # less idle, iowait
+        seen = True
+    return busy / os.sysconf("SC_CLK_TCK") if seen else None
 
 
 def _pools() -> list[str]:
@@ -239,18 +248,36 @@ class Diagnosis:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class _Counters:
+    """What a window reads at each of its edges."""
+
+    t: float
+    workers: dict[int, tuple[float, float, float | None]]  # pid: (on a core, waiting for one, running commands)
+    caller: dict[int, tuple[str, float, float]]  # the calling process's threads
+    machine: float | None  # seconds the usable cores were busy
+
+    @classmethod
+    def read(cls, workers: Callable[[], list[tuple[int, float | None]]]) -> _Counters:
+        times = {}
+        for pid, commands in workers():
+            tasks = _tasks(pid).values()
+            times[pid] = (sum(cpu for _, cpu, _ in tasks), sum(starved for _, _, starved in tasks), commands)
+        return cls(time.perf_counter(), times, _tasks(os.getpid()), _machine_busy())
+
+
 class LoopWindow:
     """A window of a loop, measured: the clock around each step (:meth:`around`), the /proc
-    counters at :meth:`start` and :meth:`stop`.
+    counters at its edges (:meth:`start`, :meth:`stop`, and :meth:`pause`/:meth:`resume` to
+    leave a stretch out: the automatic window leaves out the updates between rollouts).
 
     Parameters
     ----------
-    worker_pids : list of int
-        The vector env's worker processes.
+    workers : callable
+        The vector env's worker processes now, each ``(pid, seconds running commands so far)``
+        (``None`` where unknown). A worker replaced inside the window is left out of it.
     cores : int
         The cores the calling process may run on.
-    busy : callable, optional
-        Each worker's seconds running commands so far (``WorkerPool.busy_seconds``).
 
     Attributes
     ----------
@@ -258,16 +285,19 @@ class LoopWindow:
         What the window shows, once it stopped.
     """
 
-    __slots__ = ("worker_pids", "cores", "busy", "steps", "inside", "diagnosis", "_t0", "_workers", "_caller", "_busy")
+    __slots__ = ("workers", "cores", "steps", "inside", "diagnosis", "_edge", "_active", "_sums", "_threads", "_ours",
+                 "_machine")  # fmt: skip
 
-    def __init__(self, worker_pids: list[int], cores: int, busy: Callable[[], list[float]] | None = None) -> None:
-        self.worker_pids, self.cores, self.busy = list(worker_pids), cores, busy
+    def __init__(self, workers: Callable[[], list[tuple[int, float | None]]], cores: int) -> None:
+        self.workers, self.cores = workers, cores
         self.steps, self.inside = 0, 0.0
         self.diagnosis: Diagnosis | None = None
-        self._t0 = 0.0
-        self._workers: list[tuple[float, float, float | None]] = []
-        self._caller: dict[int, tuple[str, float, float]] = {}
-        self._busy: float | None = None
+        self._edge: _Counters | None = None  # where the running stretch started (None: paused)
+        self._active = 0.0  # seconds of the stretches that ended
+        self._sums: dict[int, list[Any]] = {}  # worker pid: [on a core, waiting for one, running commands]
+        self._threads: dict[int, list[Any]] = {}  # caller's tid: [name, on a core, waiting for one]
+        self._ours = 0.0  # CPU seconds of the workers and the calling process
+        self._machine: float | None = 0.0  # busy seconds of the usable cores
 
     def around(self, hooks: StepHooks) -> StepHooks:
         """``hooks`` with this window's clock around each step."""
@@ -276,50 +306,65 @@ class LoopWindow:
     def __str__(self) -> str:
         return "(a window still open)" if self.diagnosis is None else str(self.diagnosis)
 
-    def elapsed(self) -> float:
-        """Seconds since the window started."""
-        return time.perf_counter() - self._t0
+    @property
+    def paused(self) -> bool:
+        return self._edge is None
 
-    def _worker_times(self) -> list[tuple[float, float, float | None]]:
-        """Each worker's ``(on a core, waiting for one, running commands)`` seconds, the first two
-        summed over its threads.
-        """
-        busy: list[float | None] = list(self.busy()) if self.busy is not None else []
-        busy += [None] * (len(self.worker_pids) - len(busy))
-        times = []
-        for pid, commands in zip(self.worker_pids, busy):
-            tasks = _tasks(pid).values()
-            times.append((sum(cpu for _, cpu, _ in tasks), sum(starved for _, _, starved in tasks), commands))
-        return times
+    def elapsed(self) -> float:
+        """Seconds the window has run (paused stretches left out)."""
+        edge = self._edge
+        return self._active + (time.perf_counter() - edge.t if edge is not None else 0.0)
 
     def start(self) -> None:
-        self._workers = self._worker_times()
-        self._caller = _tasks(os.getpid())
-        self._busy = _machine_busy()
-        self._t0 = time.perf_counter()
+        self.resume()
+
+    def resume(self) -> None:
+        if self._edge is None:
+            self._edge = _Counters.read(self.workers)
+
+    def pause(self) -> None:
+        edge = self._edge
+        if edge is not None:
+            self._edge = None
+            self._add(edge, _Counters.read(self.workers))
+
+    def _add(self, before: _Counters, now: _Counters) -> None:
+        self._active += now.t - before.t
+        for pid, (cpu, starved, commands) in now.workers.items():
+            if pid not in before.workers:
+                continue  # started inside the stretch (a restart): not the process whose counters began it
+            cpu0, starved0, commands0 = before.workers[pid]
+            sums = self._sums.setdefault(pid, [0.0, 0.0, 0.0])
+            sums[0] += max(0.0, cpu - cpu0)
+            sums[1] += max(0.0, starved - starved0)
+            known = sums[2] is not None and commands is not None and commands0 is not None
+            sums[2] = sums[2] + commands - commands0 if known else None
+            self._ours += cpu - cpu0
+        for tid, (name, cpu, starved) in now.caller.items():
+            _, cpu0, starved0 = before.caller.get(tid, (name, 0.0, 0.0))
+            thread = self._threads.setdefault(tid, [name, 0.0, 0.0])
+            thread[1] += cpu - cpu0
+            thread[2] += starved - starved0
+            self._ours += cpu - cpu0
+        if self._machine is not None and now.machine is not None and before.machine is not None:
+            self._machine += now.machine - before.machine
+        else:
+            self._machine = None
 
     def stop(self) -> Diagnosis:
         """Close the window; its :class:`Diagnosis` (also kept as :attr:`diagnosis`)."""
-        wall = time.perf_counter() - self._t0
-        busy = _machine_busy()
-        caller_now = _tasks(os.getpid())
-        workers = []
-        for pid, before, now in zip(self.worker_pids, self._workers, self._worker_times()):
-            commands = None if now[2] is None or before[2] is None else max(0.0, now[2] - before[2])
-            workers.append(
-                ThreadTime(f"pid {pid}", max(0.0, now[0] - before[0]), max(0.0, now[1] - before[1]), commands)
-            )
+        self.pause()
+        wall = self._active
+        workers = [ThreadTime(f"pid {pid}", cpu, starved, busy) for pid, (cpu, starved, busy) in self._sums.items()]
         loop_tid = threading.get_native_id()  # the loop's thread: the others are reported
-        threads = []
-        ours = sum(w.cpu_s for w in workers)
-        for tid, (name, cpu, starved) in caller_now.items():
-            name0, cpu0, starved0 = self._caller.get(tid, (name, 0.0, 0.0))
-            ours += cpu - cpu0
-            if tid != loop_tid and cpu - cpu0 > 1e-3:
-                threads.append(ThreadTime(f"{tid} ({name})", cpu - cpu0, starved - starved0))
+        threads = [
+            ThreadTime(f"{tid} ({name})", cpu, starved)
+            for tid, (name, cpu, starved) in self._threads.items()
+            if tid != loop_tid and cpu > 1e-3
+        ]
         other = None
-        if busy is not None and self._busy is not None and wall > 0:
-            other = max(0.0, (busy - self._busy - ours) / wall)
+        if self._machine is not None and wall > 0:
+            other = min(float(self.cores), max(0.0, (self._machine - self._ours) / wall))
         self.diagnosis = Diagnosis(
             wall_s=wall,
             steps=self.steps,
@@ -365,7 +410,7 @@ class Diagnosable:
     def _window(self) -> LoopWindow:
         """A window over this vector env's workers (not started)."""
         pool = self._session.pool
-        return LoopWindow(pool.worker_pids, usable_cores(), pool.busy_seconds)
+        return LoopWindow(lambda: list(zip(pool.worker_pids, pool.busy_seconds())), usable_cores())
 
     @contextmanager
     def diagnose(self) -> Iterator[LoopWindow]:

@@ -171,11 +171,13 @@ def fill(
     for t in range(storage.num_steps):
         actions, extras = split_policy_output(policy(storage.policy_obs[t]), action_space)
         hooks.enter()
-        row = storage.rows[t]
-        session.write_actions(actions, row.act)
-        storage.record_extras(t, extras)
-        infos, envs = session.step(Command.ROLLOUT_STEP, row, t)
-        hooks.leave()
+        try:
+            row = storage.rows[t]
+            session.write_actions(actions, row.act)
+            storage.record_extras(t, extras)
+            infos, envs = session.step(Command.ROLLOUT_STEP, row, t)
+        finally:
+            hooks.leave()
         storage.rows_done = t + 1
         if envs:
             restarted.append((t, envs))

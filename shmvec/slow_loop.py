@@ -4,10 +4,12 @@ A user who never calls :meth:`ShmVecEnv.diagnose` should still hear when the loo
 vector env starves its workers. :class:`SlowLoopWatch` waits until the loop is in its steady
 rhythm (torch's threads for the rollouts settled, see :mod:`shmvec.collect_threads`: a window
 taken before that would see the spinning threads that ``torch_threads="auto"`` is about to
-quiet), measures one window of at least ``WINDOW_S`` seconds over the user's own steps, and
-warns once if :meth:`~shmvec.loop_timing.Diagnosis.warning` finds the clear case: the workers
-waited for a core longer than they ran, and something other than their own turns with the loop
-took the cores. Then it takes itself out of the step path.
+quiet), measures one window of at least ``WINDOW_S`` seconds of the user's own rollouts (the
+updates between them left out: torch's threads working on an update starve nobody), and warns
+once if :meth:`~shmvec.loop_timing.Diagnosis.warning` finds the clear case: the workers waited
+for a core longer than they ran, and something other than their own turns with the loop took
+the cores. The warning is said as the next step starts, before it runs, so that a warning
+turned into an error loses no step. Then the watch takes itself out of the step path.
 ``ShmVecEnv(warn_slow_loop=False)`` never measures.
 """
 
@@ -23,9 +25,10 @@ from shmvec.loop_timing import LoopWindow, StepHooks
 __all__ = ["SlowLoopWarning", "SlowLoopWatch"]
 
 # The window: steps after the rhythm settled before it opens (the loop's first steps are not
-# its steady state), and how long it lasts (several rollouts and updates of a PPO loop).
+# its steady state), and the seconds of steps it takes (several rollouts of a PPO loop: the
+# updates between them are left out).
 WARMUP_STEPS = 64
-WINDOW_S = 5.0
+WINDOW_S = 2.0
 WINDOW_STEPS = 64
 
 
@@ -58,17 +61,26 @@ class SlowLoopWatch:
         self.warmup = WARMUP_STEPS  # settled steps before it opens (0: opened, or never to be)
 
     def enter(self) -> None:
-        if self.warmup and self.hooks.settled:
-            self.warmup -= 1
-            if not self.warmup:
-                self._open()
+        window = self.window
+        if window is not None:
+            if window.steps >= WINDOW_STEPS and window.elapsed() >= WINDOW_S:
+                self._judge(window)  # before this step runs: a warning turned into an error costs no step
+        elif self.warmup:
+            if self.hooks.settled:
+                self.warmup -= 1
+                if not self.warmup:
+                    self._open()
+        else:
+            self._unhook()  # judged while diagnose() wrapped these hooks: out of the step path now
         self.current.enter()
+        window = self.window
+        if window is not None and window.paused:
+            window.resume()  # a rollout's first step
 
     def leave(self) -> None:
         self.current.leave()
-        window = self.window
-        if window is not None and window.steps >= WINDOW_STEPS and window.elapsed() >= WINDOW_S:
-            self._judge(window)
+        if self.window is not None and self.hooks.rollout_done:
+            self.window.pause()  # the update that follows is no part of the steps' time
 
     def close(self) -> None:
         self.hooks.close()
@@ -84,9 +96,7 @@ class SlowLoopWatch:
     def _judge(self, window: LoopWindow) -> None:
         diagnosis = window.stop()
         self.current, self.window = self.hooks, None
-        owner = self.owner()
-        if owner is not None and owner._around_step is self:
-            owner._around_step = self.hooks  # measured once: the step path is the hooks' alone again
+        self._unhook()
         text = diagnosis.warning()
         if text is not None:
             warn_at_caller(
@@ -95,3 +105,9 @@ class SlowLoopWatch:
                 "(docs/benchmarks.md, 'Why is my loop slow?'); ShmVecEnv(warn_slow_loop=False) silences this",
                 SlowLoopWarning,
             )
+
+    def _unhook(self) -> None:
+        """Measured once: the step path is the hooks' alone again."""
+        owner = self.owner()
+        if owner is not None and owner._around_step is self:
+            owner._around_step = self.hooks

@@ -149,10 +149,10 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         such rhythm. Said once per process (a :class:`~shmvec.collect_threads.ThreadsNotice`
         warning); undone by :meth:`close`.
     warn_slow_loop : bool, default True
-        Once the loop runs in its steady rhythm, measure one window of it (at least 5 s of its
-        own steps, as :meth:`diagnose` does) and warn, once, with the numbers and the fix, if
-        its workers waited for a core longer than they ran because the calling process's other
-        threads or other processes took the cores (a
+        Once the loop runs in its steady rhythm, measure one window of it (at least 2 s of its
+        rollouts, updates left out, as :meth:`diagnose` measures) and warn, once, with the
+        numbers and the fix, if its workers waited for a core longer than they ran because the
+        calling process's other threads or other processes took the cores (a
         :class:`~shmvec.slow_loop.SlowLoopWarning`; ``docs/benchmarks.md``, "Why is my loop
         slow?"). ``False`` never measures.
     """
@@ -288,10 +288,12 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
             )
         session.drain()
         self._around_step.enter()
-        home = session.home
-        session.write_actions(actions, home.act)
-        infos, _ = session.step(_STEP, home)
-        self._around_step.leave()
+        try:  # (leave() on a failed step too: the rhythm's clock and torch's threads stay right)
+            home = session.home
+            session.write_actions(actions, home.act)
+            infos, _ = session.step(_STEP, home)
+        finally:
+            self._around_step.leave()
         return (*session.results.step(self.copy), infos)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:

@@ -169,8 +169,12 @@ def _serve(
     def arrived() -> bool:
         return mine[GO] != seq
 
+    t1 = clock()  # as the last command was seen
     while True:
         t0 = clock()
+        # The last command's time, from seeing GO to its DONE: counted after DONE, off the
+        # caller's wait (diagnose() reads it); a float64 view.
+        busy[0] += t0 - t1  # type: ignore[call-overload]
         if not spin_until(arrived, policy):
             while True:
                 dead = block_until(arrived, mine, wake_r, watch, timeout=None)
@@ -186,8 +190,6 @@ def _serve(
         arg = int(mine[ARG])
         payload = conn.recv() if mine[PAYLOAD] else None
         status, reply = _execute(envs, cmd, payload, arg, conn, block, pickled_obs)
-        # Time in commands, apart from waiting for them (diagnose() reads it); a float64 view.
-        busy[0] += clock() - t1  # type: ignore[call-overload]
         piped = False
         if status != _OK:
             size = len(reply)

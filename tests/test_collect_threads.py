@@ -169,7 +169,9 @@ def test_a_descheduled_step_inside_a_rollout_is_not_an_update(torch_and_clock):
 def test_settled_once_the_threads_are_decided_or_no_rhythm_is_found(torch_and_clock):
     """What SlowLoopWatch waits for: a window taken before would see threads about to be lowered."""
     fake, clock = torch_and_clock
-    assert CollectThreads(None).settled
+    off = CollectThreads(None)  # reads the rhythm too (the automatic window needs it), never touches torch
+    run_loop(off, fake, clock, ppo_gaps(rollouts=3, steps=16)[:-1])
+    assert off.settled and off.period == 16 and off.rollout_done and fake.calls == 0
     guard = CollectThreads(1)
     run_loop(guard, fake, clock, ppo_gaps(rollouts=1, steps=16))
     assert not guard.settled

@@ -10,10 +10,10 @@ import pytest
 
 import shmvec
 from shmvec.checks import usable_cores
-from shmvec import slow_loop
+from shmvec import collect_threads, slow_loop
 from shmvec.loop_timing import Diagnosis, ThreadTime
 from shmvec.slow_loop import SlowLoopWarning, SlowLoopWatch
-from envs_for_tests import SlowEnv
+from envs_for_tests import NoneInfoEnv, SlowEnv
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's counters are in /proc")
 
@@ -138,6 +138,20 @@ def test_the_warning_is_for_the_clearest_case_only():
 def short_window(monkeypatch):
     monkeypatch.setattr(slow_loop, "WARMUP_STEPS", 20)
     monkeypatch.setattr(slow_loop, "WINDOW_S", 1.0)
+    monkeypatch.setattr(collect_threads, "GIVE_UP_STEPS", 50)  # a loop of steps alone: no rhythm to wait for
+
+
+@pytest.fixture
+def judged(monkeypatch):
+    """Every judged window's diagnosis, each found a clear case (``"a clear case"``)."""
+    seen = []
+
+    def warning(self):
+        seen.append(self)
+        return "a clear case"
+
+    monkeypatch.setattr(Diagnosis, "warning", warning)
+    return seen
 
 
 def test_a_loop_that_starves_its_workers_is_warned_about_once(short_window):
@@ -146,8 +160,8 @@ def test_a_loop_that_starves_its_workers_is_warned_about_once(short_window):
         time.sleep(0.3)
         for warn in (True, False):
             with shmvec.ShmVecEnv(
-                [lambda: SlowEnv(500.0) for _ in range(4)], num_workers=2, torch_threads=None, warn_slow_loop=warn
-            ) as envs:  # (torch_threads=None: no rhythm to wait for, the window opens after the warm-up)
+                [lambda: SlowEnv(500.0) for _ in range(4)], num_workers=2, warn_slow_loop=warn
+            ) as envs:
                 envs.reset(seed=0)
                 watch = envs._around_step
                 assert isinstance(watch, SlowLoopWatch) is warn
@@ -173,7 +187,7 @@ def test_a_loop_that_starves_its_workers_is_warned_about_once(short_window):
 
 def test_the_window_waits_for_the_threads_rhythm_to_settle(short_window):
     class Hooks:
-        settled = False
+        settled, rollout_done = False, False
 
         def enter(self): ...
         def leave(self): ...
@@ -190,3 +204,51 @@ def test_the_window_waits_for_the_threads_rhythm_to_settle(short_window):
         for _ in range(25):
             envs.step(np.zeros(2, dtype=np.int64))
         assert watch.window is not None and watch.window.steps == 6  # from the 20th settled step on
+
+
+def test_the_automatic_window_leaves_the_updates_out(short_window, judged, monkeypatch):
+    monkeypatch.setattr(slow_loop, "WINDOW_S", 0.01)
+    with shmvec.make("CartPole-v1", num_envs=2, num_workers=1) as envs:
+        envs.reset(seed=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SlowLoopWarning)
+            for _ in range(12):  # rollouts of 16 steps, a 0.1 s update after each
+                for _ in range(16):
+                    envs.step(np.zeros(2, dtype=np.int64))
+                time.sleep(0.1)
+    (d,) = judged
+    # 64 steps or more, over 4 rollouts or more: 0.4 s of updates at least, none of it counted
+    assert d.steps >= 64 and d.wall_s < 0.2 and d.between_steps_s < 0.1
+
+
+def test_a_warning_made_an_error_costs_no_step(short_window, judged, monkeypatch):
+    monkeypatch.setattr(slow_loop, "WINDOW_S", 0.05)
+    with shmvec.ShmVecEnv([lambda: NoneInfoEnv(length=10**6)] * 2, num_workers=1) as envs:
+        envs.reset(seed=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SlowLoopWarning)
+            count = 0
+            with pytest.raises(SlowLoopWarning, match="a clear case"):
+                while True:
+                    obs, *_ = envs.step(np.zeros(2, dtype=np.int64))
+                    count += 1
+                    assert obs[0, 0] == count
+            assert envs._around_step is not None and len(judged) == 1
+            obs, *_ = envs.step(np.zeros(2, dtype=np.int64))  # the step that raised never ran
+            assert obs[0, 0] == count + 1
+
+
+def test_a_window_judged_inside_diagnose_leaves_the_step_path_after_it(short_window, judged, monkeypatch):
+    monkeypatch.setattr(slow_loop, "WINDOW_S", 0.01)
+    with shmvec.make("CartPole-v1", num_envs=2, num_workers=1) as envs:
+        envs.reset(seed=0)
+        watch = envs._around_step
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SlowLoopWarning)
+            with envs.diagnose() as window:
+                for _ in range(1000):
+                    envs.step(np.zeros(2, dtype=np.int64))
+            assert len(judged) == 1 and envs._around_step is watch  # diagnose() gave its hooks back
+            envs.step(np.zeros(2, dtype=np.int64))
+        assert envs._around_step is watch.hooks
+        assert window.diagnosis.steps == 1000
