@@ -1,19 +1,21 @@
-"""ShmVecEnv.diagnose: where a loop's time goes, and the cause named on a clear case."""
+"""ShmVecEnv.diagnose: where a loop's time goes, and the cause named on a clear case; the one
+automatic window and its warning (shmvec.slow_loop)."""
 
 import subprocess
 import sys
 import time
 import warnings
+from functools import partial
 
 import numpy as np
 import pytest
 
 import shmvec
-from shmvec.checks import usable_cores
 from shmvec import collect_threads, slow_loop
+from shmvec.checks import usable_cores
 from shmvec.loop_timing import Diagnosis, ThreadTime
 from shmvec.slow_loop import SlowLoopWarning, SlowLoopWatch
-from envs_for_tests import NoneInfoEnv, SlowEnv
+from envs_for_tests import FaultyEnv, NoneInfoEnv, SlowEnv
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's counters are in /proc")
 
@@ -252,3 +254,17 @@ def test_a_window_judged_inside_diagnose_leaves_the_step_path_after_it(short_win
             envs.step(np.zeros(2, dtype=np.int64))
         assert envs._around_step is watch.hooks
         assert window.diagnosis.steps == 1000
+
+
+def test_a_worker_restarted_inside_a_window_is_left_out_of_it():
+    """Its new process is not the one whose counters began the window."""
+    fns = [partial(FaultyEnv, "exit" if i == 0 else "none", at=5) for i in range(4)]
+    with shmvec.ShmVecEnv(fns, num_workers=2, on_error="restart") as envs:
+        envs.reset(seed=0)
+        before = envs._session.pool.worker_pids
+        with envs.diagnose() as window:
+            for _ in range(8):
+                envs.step(np.zeros(4, dtype=np.int64))
+        assert envs.restarts and envs._session.pool.worker_pids[0] != before[0]
+    (worker,) = window.diagnosis.workers
+    assert worker.name == f"pid {before[1]}" and worker.busy_s > 0
