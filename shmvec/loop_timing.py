@@ -253,12 +253,12 @@ class _Counters:
     """What a window reads at each of its edges."""
 
     t: float
-    workers: dict[int, tuple[float, float, float | None]]  # pid: (on a core, waiting for one, running commands)
+    workers: dict[int, tuple[float, float, float]]  # pid: (on a core, waiting for one, running commands)
     caller: dict[int, tuple[str, float, float]]  # the calling process's threads
     machine: float | None  # seconds the usable cores were busy
 
     @classmethod
-    def read(cls, workers: Callable[[], list[tuple[int, float | None]]]) -> _Counters:
+    def read(cls, workers: Callable[[], list[tuple[int, float]]]) -> _Counters:
         times = {}
         for pid, commands in workers():
             tasks = _tasks(pid).values()
@@ -275,7 +275,7 @@ class LoopWindow:
     ----------
     workers : callable
         The vector env's worker processes now, each ``(pid, seconds running commands so far)``
-        (``None`` where unknown). A worker replaced inside the window is left out of it.
+        (``WorkerPool.worker_clocks``). A worker replaced inside the window is left out of it.
     cores : int
         The cores the calling process may run on.
 
@@ -288,13 +288,13 @@ class LoopWindow:
     __slots__ = ("workers", "cores", "steps", "inside", "diagnosis", "_edge", "_active", "_sums", "_threads", "_ours",
                  "_machine")  # fmt: skip
 
-    def __init__(self, workers: Callable[[], list[tuple[int, float | None]]], cores: int) -> None:
+    def __init__(self, workers: Callable[[], list[tuple[int, float]]], cores: int) -> None:
         self.workers, self.cores = workers, cores
         self.steps, self.inside = 0, 0.0
         self.diagnosis: Diagnosis | None = None
         self._edge: _Counters | None = None  # where the running stretch started (None: paused)
         self._active = 0.0  # seconds of the stretches that ended
-        self._sums: dict[int, list[Any]] = {}  # worker pid: [on a core, waiting for one, running commands]
+        self._sums: dict[int, list[float]] = {}  # worker pid: [on a core, waiting for one, running commands]
         self._threads: dict[int, list[Any]] = {}  # caller's tid: [name, on a core, waiting for one]
         self._ours = 0.0  # CPU seconds of the workers and the calling process
         self._machine: float | None = 0.0  # busy seconds of the usable cores
@@ -337,8 +337,7 @@ class LoopWindow:
             sums = self._sums.setdefault(pid, [0.0, 0.0, 0.0])
             sums[0] += max(0.0, cpu - cpu0)
             sums[1] += max(0.0, starved - starved0)
-            known = sums[2] is not None and commands is not None and commands0 is not None
-            sums[2] = sums[2] + commands - commands0 if known else None
+            sums[2] += max(0.0, commands - commands0)
             self._ours += cpu - cpu0
         for tid, (name, cpu, starved) in now.caller.items():
             _, cpu0, starved0 = before.caller.get(tid, (name, 0.0, 0.0))
@@ -410,7 +409,7 @@ class Diagnosable:
     def _window(self) -> LoopWindow:
         """A window over this vector env's workers (not started)."""
         pool = self._session.pool
-        return LoopWindow(lambda: list(zip(pool.worker_pids, pool.busy_seconds())), usable_cores())
+        return LoopWindow(pool.worker_clocks, usable_cores())
 
     @contextmanager
     def diagnose(self) -> Iterator[LoopWindow]:

@@ -283,14 +283,14 @@ class WorkerPool:
             return []
         return [p.pid for p in self.workers.procs if p is not None]
 
-    def busy_seconds(self) -> list[float]:
-        """Each worker's seconds spent running commands so far (stepping its envs, not waiting
-        for a command), in :attr:`worker_pids`' order.
+    def worker_clocks(self) -> list[tuple[int, float]]:
+        """Each worker's process id and its seconds spent running commands so far (stepping its
+        envs, not waiting for a command); empty once shut down.
         """
         if self.state is PoolState.CLOSED or not self.views:
             return []
         busy = self.views["busy"]
-        return [float(busy[b, 0]) for b, p in enumerate(self.workers.procs) if p is not None]
+        return [(p.pid, float(busy[b, 0])) for b, p in enumerate(self.workers.procs) if p is not None]
 
     def restart_block(self, block: int) -> None:
         """Replace the envs of ``block`` with new ones (a new worker process for a worker block).
