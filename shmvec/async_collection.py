@@ -12,12 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from shmvec.async_batches import Batch, Batches
+from shmvec.async_batches import Batch
 from shmvec.blocks import reset_payloads
 from shmvec.checks import seeds_per_env
-from shmvec.errors import NonFiniteError, NothingInFlightError
 from shmvec.lifecycle import Lifecycle
-from shmvec.loop_timing import StepHooks
 from shmvec.protocol import Command
 from shmvec.session import Session
 
@@ -27,19 +25,18 @@ __all__ = ["AsyncCollection"]
 class AsyncCollection:
     """The asynchronous part of :class:`~shmvec.ShmVecEnv`'s API (a base class of it).
 
-    Its state: the batch the last ``recv`` returned (until a ``send``) and the batches made so
-    far. A batch that ``check_finite`` refused waits in ``Session.held`` for the next ``recv``.
+    Its state: the batch the last ``recv`` returned (until a ``send``). The batches made so far
+    are the session's (``Session.batches``); a batch that ``check_finite`` refused waits in
+    ``Session.held`` for the next ``recv``.
     """
 
     _session: Session
-    _around_step: StepHooks
     num_envs: int
     copy: bool
     ordered: bool
 
     def _start_collection(self, batch_size: int) -> None:
         pool = self._session.pool
-        self._batches = Batches(pool.blocks)
         self._last: Batch | None = None
         # Whole blocks per recv: all of them in sync mode (whose blocks may differ in size by one env).
         self._batch_blocks = len(pool.blocks) if batch_size == self.num_envs else batch_size // len(pool.blocks[0])
@@ -68,7 +65,7 @@ class AsyncCollection:
         session.guard("send", sync=False)
         batch = self._last
         if batch is None or env_ids is not batch.ids:  # the usual loop passes the (read-only) ids recv() returned
-            batch = self._batches.covering(env_ids, session.states, self._last is not None)
+            batch = session.batches.covering(env_ids, session.states, self._last is not None)
         session.write_actions(actions, session.home.act, batch)
         self._submit(Command.STEP, batch.blocks, None)
 
@@ -85,29 +82,7 @@ class AsyncCollection:
         """
         session = self._session
         session.guard("recv", needs_reset=False, sync=False)
-        if session.held is not None:
-            (result, self._last), session.held = session.held, None
-            return result
-        if not session.in_flight():
-            raise NothingInFlightError("recv() with no env in flight: call send() (or async_reset()) first")
-        self._around_step.enter()
-        try:
-            # Fewer blocks in flight than a batch (envs held back): what there is.
-            ready, got, restarted = session.receive(self._batch_blocks, self.ordered)
-            self._last = batch = self._batches.of(ready)
-            commands = session.pool.commands
-            same_step = session.same_step and any(commands[b] == Command.STEP for b in ready)
-            infos = session.infos_of([got.get(b) for b in ready], restarted, session.home, same_step, batch)
-            result = (*session.results.batch(batch.rows, batch.contiguous, self.copy), infos, batch.ids)
-            if session.check_finite:
-                try:
-                    session.finite(session.home, batch)
-                except NonFiniteError as exc:
-                    # Nothing is lost: the next recv() hands this batch over as it is.
-                    session.held, exc.env_ids = (result, batch), batch.ids
-                    raise
-        finally:
-            self._around_step.leave()
+        result, self._last = session.recv(self._batch_blocks, self.ordered, self.copy)
         return result
 
     def _submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:

@@ -96,12 +96,15 @@ class NonFiniteError(ShmVecError, ValueError):
         The first env with a non-finite value.
     env_ids : numpy.ndarray or None
         From ``recv()``: the ids of the refused batch; ``None`` from ``step``/``reset``/``rollout``.
+    infos : dict or None
+        The refused step's infos (``None`` from ``reset``).
     """
 
     def __init__(self, message: str, env_index: int) -> None:
         super().__init__(message)
         self.env_index = env_index
         self.env_ids: Any = None
+        self.infos: dict[str, Any] | None = None
 
     def __reduce__(self) -> tuple:  # pickles through Ray with its attributes
         return (type(self), (self.args[0], self.env_index), self.__dict__)

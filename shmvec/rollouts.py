@@ -15,7 +15,6 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from shmvec.checks import positive_int
-from shmvec.loop_timing import StepHooks
 from shmvec.protocol import Command
 from shmvec.rollout_storage import RolloutStorage, split_policy_output
 from shmvec.session import Session
@@ -28,7 +27,6 @@ class Rollouts:
     """The rollout part of :class:`~shmvec.ShmVecEnv`'s API (a base class of it)."""
 
     _session: Session
-    _around_step: StepHooks
     _storage: RolloutStorage | None = None
     single_observation_space: spaces.Space
     single_action_space: spaces.Space
@@ -116,7 +114,7 @@ class Rollouts:
             )
         storage.start(session.latest, session.autoreset)
         try:
-            fill(storage, policy, session, self.single_action_space, self._around_step)
+            fill(storage, policy, session, self.single_action_space)
         finally:
             session.latest = [o[storage.rows_done] for o in storage.obs]
         return storage.batch()
@@ -161,23 +159,17 @@ def fill(
     policy: Callable[[Any], Any],
     session: Session,
     action_space: spaces.Space,
-    hooks: StepHooks,
 ) -> None:
-    """Fill every row of ``storage``, with ``hooks`` around each row's round (the policy runs
-    between them, as between ``step`` calls). An error stops the loop: the rows before it
-    (``storage.rows_done``) hold valid steps, and the envs continue from there.
+    """Fill every row of ``storage``: the policy, then the row's step round (with the step hooks
+    around it: the policy runs between them, as between ``step`` calls). An error stops the
+    loop: the rows before it (``storage.rows_done``) hold valid steps, and the envs continue
+    from there.
     """
     restarted: list[tuple[int, Sequence[int]]] = []
     for t in range(storage.num_steps):
         actions, extras = split_policy_output(policy(storage.policy_obs[t]), action_space)
-        hooks.enter()
-        try:
-            row = storage.rows[t]
-            session.write_actions(actions, row.act)
-            storage.record_extras(t, extras)
-            infos, envs = session.step(Command.ROLLOUT_STEP, row, t)
-        finally:
-            hooks.leave()
+        storage.record_extras(t, extras)
+        infos, envs = session.step(Command.ROLLOUT_STEP, actions, storage.rows[t], t)
         storage.rows_done = t + 1
         if envs:
             restarted.append((t, envs))

@@ -3,9 +3,11 @@
 A :class:`Session` owns the :class:`~shmvec.pool.WorkerPool` and the calling process's side of
 the shared segment. Every round the vector env runs goes through it, so that what follows a
 round is written once: the error policy (``on_error``: raise and close, or restart the failed
-blocks), the merge of the envs' infos, the discovery of scalar info columns, and the
-``check_finite`` test. The public classes (the synchronous API, asynchronous collection,
-rollouts, snapshots) only say which round to run and hand out its results.
+blocks), and, after every step round (``step``, a rollout's row, ``recv``), one path,
+:meth:`Session._after`: the merge of the envs' infos, the discovery of scalar info columns,
+and the ``check_finite`` test. The step hooks (:mod:`shmvec.step_hooks`) run around those
+rounds here. The public classes (the synchronous API, asynchronous collection, rollouts,
+snapshots) only say which round to run and hand out its results.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from shmvec.actions import ActionBatch
-from shmvec.async_batches import Batch
-from shmvec.errors import PayloadError, WorkerError
+from shmvec.async_batches import Batch, Batches
+from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerError
 from shmvec.info_columns import ColumnReader, InfoSchema
 from shmvec.infos import InfoMerger
 from shmvec.lifecycle import Lifecycle, refuse
@@ -28,6 +30,7 @@ from shmvec.pool import BlockState, Failures, PoolState, WorkerPool
 from shmvec.protocol import Command, Restart
 from shmvec.protocol import restart as restart_of
 from shmvec.results import Results
+from shmvec.step_hooks import StepHooks
 from shmvec.stepper import Targets
 
 __all__ = ["Session"]
@@ -35,7 +38,7 @@ __all__ = ["Session"]
 NO_ENVS: tuple[int, ...] = ()  # no env restarted (shared: never changed)
 _IN_FLIGHT = BlockState.IN_FLIGHT
 _READY = Lifecycle.READY
-_RESET = int(Command.RESET)
+_RESET, _STEP = int(Command.RESET), int(Command.STEP)
 
 
 class Session:
@@ -59,6 +62,10 @@ class Session:
         of a rollout's storage after one ran.
     restarts : list of (worker index or None, env range, exception)
         Every block that ``on_error="restart"`` replaced.
+    hooks : StepHooks
+        What runs as each step round starts and returns.
+    batches : Batches
+        The asynchronous batches (whole blocks) made so far.
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], options: Options, owner: Any) -> None:
@@ -80,6 +87,8 @@ class Session:
         self.check_finite = options.check_finite  # (read on the step path)
         self._learn_infos = True  # until the first step with infos picked the info columns
         self.state = Lifecycle.NEEDS_RESET  # the vector env's, checked by every public method
+        self.hooks = StepHooks()
+        self.batches = Batches(pool.blocks)
         # A recv() result that check_finite refused, with its batch: the next recv() hands it
         # over; any other round (synchronous, or a submit) drops it.
         self.held: tuple[tuple, Batch] | None = None
@@ -110,40 +119,98 @@ class Session:
             self.settle(failures, Restart.RAISE, self.home, closes_on_error=False)
         return replies
 
-    def step(self, cmd: int, out: Targets, arg: int = 0, payloads: list | None = None) -> tuple[dict, Sequence[int]]:
-        """A STEP, ROLLOUT_STEP (row ``arg``) or RESET round writing into ``out``: apply
-        ``on_error``, merge the infos, check finiteness. Returns ``(infos, envs restarted)``.
-        """
-        if out is self.home and self.latest is not out.obs:
+    def reset(self, payloads: list | None) -> dict[str, Any]:
+        """A RESET round (``payloads``: one per block): the envs' reset infos. A failure is raised."""
+        if self.latest is not self.home.obs:
             self.to_home()  # a masked reset keeps the other envs' latest observations
-        replies, failures = self._run(cmd, payloads, arg, None)
-        restarted: Sequence[int] = NO_ENVS
+        replies, failures = self._run(_RESET, payloads, 0, None)
         if failures:
-            restarted = self.settle(failures, restart_of(cmd), out)
-        if cmd == _RESET:
-            self.state = _READY  # (before the check: a non-finite observation leaves the envs reset)
-            infos = self.infos.merge(replies, False, out, NO_ENVS, with_columns=False)
-            if self.check_finite:
-                self.finite(out, rewards=False)
-            return infos, NO_ENVS
-        infos = self.infos_of(replies, restarted, out, self.same_step)
+            self.settle(failures, Restart.RAISE, self.home)
+        self.state = _READY  # (before the check: a non-finite observation leaves the envs reset)
+        infos = self.infos.merge(replies, False, self.home, NO_ENVS, with_columns=False)
         if self.check_finite:
-            self.finite(out)
-        return infos, restarted
+            self.finite(self.home, rewards=False)
+        return infos
 
-    def infos_of(
+    def step(self, cmd: int, actions: Any, out: Targets, arg: int = 0) -> tuple[dict, Sequence[int]]:
+        """A STEP, or ROLLOUT_STEP into row ``arg``, of every env with ``actions``, written into
+        ``out``: the hooks around it, ``on_error`` applied, then :meth:`_after`. Returns
+        ``(infos, envs restarted)``.
+        """
+        hooks = self.hooks
+        hooks.enter()
+        try:  # (leave() on a failed step too: the rhythm's clock and torch's threads stay right)
+            self.write_actions(actions, out.act)
+            if out is self.home and self.latest is not out.obs:
+                self.to_home()
+            replies, failures = self._run(cmd, None, arg, None)
+            restarted: Sequence[int] = NO_ENVS
+            if failures:
+                restarted = self.settle(failures, restart_of(cmd), out)
+            return self._after(replies, restarted, out, self.same_step), restarted
+        finally:
+            hooks.leave()
+
+    def recv(self, count: int, ordered: bool, copy: bool) -> tuple[tuple, Batch]:
+        """Wait for ``count`` blocks in flight and hand out their results (``ordered``: the
+        oldest submissions): ``((obs, rewards, terminations, truncations, infos, env_ids),
+        batch)``. The hooks run around it, the failures are settled as a step's are (a restart
+        only where every failed block stepped), then :meth:`_after`; a batch that
+        ``check_finite`` refused is held for the next call.
+        """
+        held = self.held
+        if held is not None:
+            self.held = None
+            return held
+        if not self.in_flight():
+            raise NothingInFlightError("recv() with no env in flight: call send() (or async_reset()) first")
+        pool, hooks = self.pool, self.hooks
+        hooks.enter()
+        try:
+            with self.closing:
+                ready, got, failures = pool.receive(count, ordered)
+            restarted: Sequence[int] = NO_ENVS
+            commands = pool.commands
+            if failures:
+                steps = all(restart_of(commands[b]) is Restart.REPLACE for b in failures)
+                restarted = self.settle(failures, Restart.REPLACE if steps else Restart.RAISE, self.home)
+            batch = self.batches.of(ready)
+            same_step = self.same_step and any(commands[b] == _STEP for b in ready)
+            try:
+                infos = self._after([got.get(b) for b in ready], restarted, self.home, same_step, batch)
+            except NonFiniteError as exc:
+                # Nothing is lost: the next recv() hands this batch over as it is.
+                exc.env_ids = batch.ids
+                self.held = (*self.results.batch(batch.rows, batch.contiguous, copy), exc.infos, batch.ids), batch
+                raise
+            return (*self.results.batch(batch.rows, batch.contiguous, copy), infos, batch.ids), batch
+        finally:
+            hooks.leave()
+
+    def _after(
         self, replies: list, restarted: Sequence[int], out: Targets, same_step: bool, batch: Batch | None = None
     ) -> dict[str, Any]:
-        """The infos of a step's ``replies``, merged as Gymnasium merges them; after the first
-        synchronous step that has some, their scalar keys get columns in shared memory.
-        ``batch``: the envs of an asynchronous batch (default: every env), whose infos teach no
-        columns (attaching them is a round of every block, and other blocks are in flight).
+        """What follows every step round (``step``, a rollout's row, ``recv``), written once: the
+        infos of the ``replies`` merged as Gymnasium merges them (after the first synchronous
+        step that has some, their scalar keys get columns in shared memory), then the
+        ``check_finite`` test (a :class:`~shmvec.NonFiniteError` carries the infos).
+
+        A caller-side per-step feature goes here: ``out`` holds the step's results, in the rows
+        of ``batch`` (``None``: every env; an asynchronous batch's infos teach no columns, as
+        attaching them is a round of every block while others are in flight).
         """
-        if batch is not None:
-            return self.infos.merge(replies, same_step, out, restarted, batch.ids)
-        infos = self.infos.merge(replies, same_step, out, restarted)
-        if infos and self._learn_infos:
-            self._columns_for(infos)
+        if batch is None:
+            infos = self.infos.merge(replies, same_step, out, restarted)
+            if infos and self._learn_infos:
+                self._columns_for(infos)
+        else:
+            infos = self.infos.merge(replies, same_step, out, restarted, batch.ids)
+        if self.check_finite:
+            try:
+                self.finite(out, batch)
+            except NonFiniteError as exc:
+                exc.infos = infos
+                raise
         return infos
 
     def finite(self, out: Targets, batch: Batch | None = None, rewards: bool = True) -> None:
@@ -183,20 +250,6 @@ class Session:
         self.to_home()  # (before the workers write there: the envs not submitted keep theirs)
         with self.closing:
             self.pool.submit(cmd, blocks, payloads)
-
-    def receive(self, count: int, ordered: bool) -> tuple[list[int], dict[int, Any], Sequence[int]]:
-        """Wait for ``count`` blocks in flight; ``(ready blocks, replies, envs restarted)``, the
-        failures settled as a step's are (a restart only where every failed block stepped).
-        """
-        pool = self.pool
-        with self.closing:
-            ready, got, failures = pool.receive(count, ordered)
-        restarted: Sequence[int] = NO_ENVS
-        if failures:
-            commands = pool.commands
-            steps = all(restart_of(commands[b]) is Restart.REPLACE for b in failures)
-            restarted = self.settle(failures, Restart.REPLACE if steps else Restart.RAISE, self.home)
-        return ready, got, restarted
 
     def drain(self) -> None:
         """Wait for every command in flight and drop its results (before a synchronous round:

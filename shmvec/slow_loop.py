@@ -1,35 +1,41 @@
-"""The one automatic warning: a window of the user's loop, measured once, and a word on a clear case.
+"""The one automatic warning: a window of the user's rollouts, measured once, and its rule.
 
 A user who never calls :meth:`ShmVecEnv.diagnose` should still hear when the loop around the
-vector env starves its workers. :class:`SlowLoopWatch` waits until the loop is in its steady
-rhythm (torch's threads for the rollouts settled, see :mod:`shmvec.collect_threads`: a window
-taken before that would see the spinning threads that ``torch_threads="auto"`` is about to
-quiet), measures one window of at least ``WINDOW_S`` seconds of the user's own rollouts (the
-updates between them left out: torch's threads working on an update starve nobody), and warns
-once if :meth:`~shmvec.loop_timing.Diagnosis.warning` finds the clear case: the workers waited
-for a core longer than they ran, and something other than their own turns with the loop took
-the cores. The warning is said as the next step starts, before it runs, so that a warning
-turned into an error loses no step. Then the watch takes itself out of the step path.
-``ShmVecEnv(warn_slow_loop=False)`` never measures.
+vector env starves its workers. :class:`SlowLoopWatch`, a step hook (:mod:`shmvec.step_hooks`),
+waits until the loop runs in its steady rhythm (torch's threads for the rollouts settled, see
+:mod:`shmvec.torch_threads`: a window taken before that would see the spinning threads that
+``torch_threads="auto"`` is about to quiet), measures one window of at least ``WINDOW_S``
+seconds of the loop's rollouts, and warns once if :func:`warning_text` finds the clear case.
+
+Only the time inside the rollouts' rhythm is judged: the updates between rollouts are left out
+(torch's threads working on an update starve nobody), and a loop with no rhythm, or one that
+breaks it inside the window (a harness that pauses for seconds between its own stretches of
+steps, while other processes run), is not judged at all: its gaps are not the workers' steps.
+The warning is said as the next step starts, before it runs, so that a warning turned into an
+error loses no step. Then the watch leaves the step hooks. ``ShmVecEnv(warn_slow_loop=False)``
+never measures.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
+from collections.abc import Callable
 
-from shmvec.collect_threads import CollectThreads
+from shmvec.checks import usable_cores
+from shmvec.diagnose import Diagnosis, LoopWindow
 from shmvec.errors import warn_at_caller
-from shmvec.loop_timing import LoopWindow, StepHooks
+from shmvec.step_hooks import StepHooks
+from shmvec.torch_threads import TorchThreads
 
-__all__ = ["SlowLoopWarning", "SlowLoopWatch"]
+__all__ = ["SlowLoopWarning", "SlowLoopWatch", "warning_text"]
 
-# The window: steps after the rhythm settled before it opens (the loop's first steps are not
-# its steady state), and the seconds of steps it takes (several rollouts of a PPO loop: the
-# updates between them are left out).
+# The window: rhythmic steps before it opens (the loop's first steps are not its steady
+# state), and the seconds and steps it takes (several rollouts of a PPO loop).
 WARMUP_STEPS = 64
 WINDOW_S = 2.0
 WINDOW_STEPS = 64
+# The rule: the workers waited for a core longer than this share of their time on one, and a
+# cause other than their own turns with the loop on the cores is seen.
+WARN_SHARE = 1.0
 
 
 class SlowLoopWarning(UserWarning):
@@ -39,65 +45,72 @@ class SlowLoopWarning(UserWarning):
     """
 
 
+def warning_text(diagnosis: Diagnosis) -> str | None:
+    """The warning's text, on the clearest case only: the workers waited for a core longer
+    than they ran, and the calling process's other threads or other processes took the cores
+    (``None`` otherwise: workers that only take turns with the loop on too few cores are not
+    warned about; :meth:`Diagnosis.causes` still names that case).
+    """
+    if not diagnosis.workers or diagnosis.starved_share <= WARN_SHARE:
+        return None
+    numbers, seen = diagnosis.starvation(diagnosis.wall_s or 1e-9)
+    return "; ".join([numbers, *seen]) if seen else None
+
+
 class SlowLoopWatch:
-    """Step hooks around ``hooks`` that measure one window of the loop and warn on a clear case.
+    """A step hook that measures one window of the loop's rollouts and warns on a clear case.
 
     Parameters
     ----------
-    hooks : CollectThreads
-        The vector env's hooks; the window opens once they are :attr:`~CollectThreads.settled`.
-    owner : Diagnosable
-        The vector env (held weakly): it makes the window, and gets ``hooks`` back as its
-        ``_around_step`` once the window is judged.
+    threads : TorchThreads
+        The vector env's reader of the loop's rhythm; the window opens once it is
+        :attr:`~TorchThreads.settled` on a rhythm, pauses after each rollout's last step, and
+        is dropped if the rhythm breaks.
+    hooks : StepHooks
+        The vector env's step hooks, where this watch and its window are registered; both
+        leave them once the window is judged or dropped.
+    workers : callable
+        The vector env's worker processes now (``WorkerPool.worker_clocks``).
     """
 
-    __slots__ = ("hooks", "owner", "current", "window", "warmup")
+    __slots__ = ("threads", "hooks", "workers", "window", "warmup")
 
-    def __init__(self, hooks: CollectThreads, owner: Any) -> None:
-        self.hooks = hooks
-        self.owner = weakref.ref(owner)
-        self.current: StepHooks = hooks  # hooks, or the window's clock around them
+    def __init__(self, threads: TorchThreads, hooks: StepHooks, workers: Callable[[], list[tuple[int, float]]]) -> None:
+        self.threads, self.hooks, self.workers = threads, hooks, workers
         self.window: LoopWindow | None = None  # while it is open
-        self.warmup = WARMUP_STEPS  # settled steps before it opens (0: opened, or never to be)
+        self.warmup = WARMUP_STEPS  # rhythmic steps before it opens
 
     def enter(self) -> None:
-        window = self.window
-        if window is not None:
-            if window.steps >= WINDOW_STEPS and window.elapsed() >= WINDOW_S:
-                self._judge(window)  # before this step runs: a warning turned into an error costs no step
-        elif self.warmup:
-            if self.hooks.settled:
+        window, threads = self.window, self.threads
+        if window is None:
+            if threads.settled:
+                if not threads.period:
+                    self._retire()  # no rhythm: nothing to judge
+                    return
                 self.warmup -= 1
                 if not self.warmup:
-                    self._open()
-        else:
-            self._unhook()  # judged while diagnose() wrapped these hooks: out of the step path now
-        self.current.enter()
-        window = self.window
-        if window is not None and window.paused:
+                    self.window = window = LoopWindow(self.workers, usable_cores())
+                    self.hooks.add(window)  # (it times steps from the next one on)
+                    window.start()
+        elif not threads.period:
+            self._retire()  # the rhythm broke inside the window: its gaps are not the workers' steps
+        elif window.steps >= WINDOW_STEPS and window.elapsed() >= WINDOW_S:
+            self._judge(window)  # before this step runs: a warning turned into an error costs no step
+        elif window.paused:
             window.resume()  # a rollout's first step
 
     def leave(self) -> None:
-        self.current.leave()
-        if self.window is not None and self.hooks.rollout_done:
-            self.window.pause()  # the update that follows is no part of the steps' time
+        window = self.window
+        if window is not None and self.threads.rollout_done:
+            window.pause()  # the update that follows is no part of the steps' time
 
     def close(self) -> None:
-        self.hooks.close()
-
-    def _open(self) -> None:
-        owner = self.owner()
-        if owner is None:
-            return
-        self.window = window = owner._window()
-        self.current = window.around(self.hooks)
-        window.start()
+        return None
 
     def _judge(self, window: LoopWindow) -> None:
         diagnosis = window.stop()
-        self.current, self.window = self.hooks, None
-        self._unhook()
-        text = diagnosis.warning()
+        self._retire()
+        text = warning_text(diagnosis)
         if text is not None:
             warn_at_caller(
                 f"shmvec: this loop starves its vector env's workers. Over {diagnosis.steps} steps "
@@ -106,8 +119,10 @@ class SlowLoopWatch:
                 SlowLoopWarning,
             )
 
-    def _unhook(self) -> None:
-        """Measured once: the step path is the hooks' alone again."""
-        owner = self.owner()
-        if owner is not None and owner._around_step is self:
-            owner._around_step = self.hooks
+    def _retire(self) -> None:
+        """Measured (or nothing to measure): out of the step path, with the window."""
+        if self.window is not None:
+            self.hooks.remove(self.window)
+            self.window = None
+        self.hooks.remove(self)
+        self.warmup = 0

@@ -21,9 +21,8 @@ from shmvec.async_collection import AsyncCollection
 from shmvec.batched_spaces import BatchedSpace
 from shmvec.blocks import reset_payloads, set_attr_payloads
 from shmvec.checks import env_factories, seeds_per_env
-from shmvec.collect_threads import CollectThreads
+from shmvec.diagnose import Diagnosable
 from shmvec.lifecycle import Lifecycle
-from shmvec.loop_timing import Diagnosable, StepHooks
 from shmvec.options import Options
 from shmvec.protocol import Command
 from shmvec.results import SharedBuffers
@@ -31,6 +30,7 @@ from shmvec.rollouts import Rollouts
 from shmvec.session import Session
 from shmvec.slow_loop import SlowLoopWatch
 from shmvec.states import Snapshots
+from shmvec.torch_threads import TorchThreads
 
 __all__ = ["ShmVecEnv", "SharedBuffers"]
 
@@ -146,7 +146,7 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         its last step returns, so the update runs unchanged (``docs/benchmarks.md``, "In a
         training loop with torch"). ``"auto"``: the usable cores less the worker processes, at
         least 1. ``None`` leaves torch alone; so does a loop that never imported torch or has no
-        such rhythm. Said once per process (a :class:`~shmvec.collect_threads.ThreadsNotice`
+        such rhythm. Said once per process (a :class:`~shmvec.torch_threads.ThreadsNotice`
         warning); undone by :meth:`close`.
     warn_slow_loop : bool, default True
         Once the loop runs in its steady rhythm, measure one window of it (at least 2 s of its
@@ -192,11 +192,13 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         self.copy = options.copy
         self.ordered = options.ordered
         self.worker_threads = options.worker_threads
-        # What runs as each step starts and returns: torch's threads for the rollout (and, while
-        # a window of the loop is measured, its clock: the one automatic window, or diagnose()'s).
-        hooks = CollectThreads(options.torch_threads)  # type: ignore[arg-type]
-        self._around_step: StepHooks = SlowLoopWatch(hooks, self) if options.warn_slow_loop else hooks
         self._session = session = Session(env_fns, options, self)
+        # What runs as each step starts and returns: the one automatic window (it reads the
+        # loop's rhythm from torch's threads), torch's threads for the rollout.
+        threads = TorchThreads(options.torch_threads)  # type: ignore[arg-type]
+        if options.warn_slow_loop:
+            session.hooks.add(SlowLoopWatch(threads, session.hooks, session.pool.worker_clocks))
+        session.hooks.add(threads)
         self._finalizer = weakref.finalize(self, session.pool.shutdown)
         self.context = session.pool.context
         spaces = session.spaces
@@ -268,7 +270,7 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
                     f"value, got reset_mask={mask}"
                 )
         payloads = reset_payloads(seeds, options, mask, session.pool.blocks)
-        infos, _ = session.step(Command.RESET, session.home, payloads=payloads)
+        infos = session.reset(payloads)
         return session.results.observations(self.copy), infos
 
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -287,13 +289,7 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
                 "with reset(options={'reset_mask': mask})"
             )
         session.drain()
-        self._around_step.enter()
-        try:  # (leave() on a failed step too: the rhythm's clock and torch's threads stay right)
-            home = session.home
-            session.write_actions(actions, home.act)
-            infos, _ = session.step(_STEP, home)
-        finally:
-            self._around_step.leave()
+        infos, _ = session.step(_STEP, actions, session.home)
         return (*session.results.step(self.copy), infos)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
@@ -332,8 +328,8 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         """Stop the workers, close every env and release the shared memory."""
         if hasattr(self, "_session"):
             self._session.state = Lifecycle.CLOSED
-        self._around_step.close()
-        self._finalizer()
+            self._session.hooks.close()
+            self._finalizer()
 
     def __enter__(self) -> ShmVecEnv:
         return self

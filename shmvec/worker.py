@@ -35,7 +35,7 @@ from shmvec.protocol import (
     phase,
 )
 from shmvec.stepper import Stepper, build_envs, close_all
-from shmvec.threads import cap_libraries, cap_variables
+from shmvec.worker_threads import cap_libraries, cap_variables
 
 _STEP, _RESET, _CLOSE = int(Command.STEP), int(Command.RESET), int(Command.CLOSE)
 _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
@@ -47,7 +47,7 @@ def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
     ``conn`` carries the handshake and the rare pickled payloads and replies; ``wake_r`` and
     ``done_w`` are the read end of this worker's wake pipe and the write end of the shared
     done pipe (``Connection`` objects, so that every start method can pass them).
-    ``threads``: the libraries' thread pools here (:mod:`shmvec.threads`).
+    ``threads``: the libraries' thread pools here (:mod:`shmvec.worker_threads`).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns shutdown
     # Under fork, everything the parent held is inherited, including objects whose destructors

@@ -8,7 +8,7 @@ import pytest
 
 @pytest.mark.parametrize("module", ["shmvec", "shmvec.vector_env", "shmvec.make_vec", "shmvec.async_rollout",
                                     "shmvec.advantage", "shmvec.torch", "shmvec.baselines", "shmvec.pettingzoo",
-                                    "shmvec.sb3", "shmvec.rollouts", "shmvec.states", "shmvec.loop_timing"])
+                                    "shmvec.sb3", "shmvec.rollouts", "shmvec.states", "shmvec.diagnose"])
 def test_docstring_examples(module):
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0

@@ -18,18 +18,18 @@ PACKAGE = Path(__file__).resolve().parents[1] / "shmvec"
 # Each module of the core, by side; a module may import from its own side and the sides before it.
 SIDES = {
     "wire": ["protocol", "layout", "segment", "sync", "tree", "blocks", "errors"],
-    "worker": ["worker", "stepper", "threads", "snapshot", "info_columns"],
+    "worker": ["worker", "stepper", "worker_threads", "snapshot", "info_columns"],
     "engine": [
         "checks", "options", "lifecycle", "processes", "pool", "session", "results", "infos", "actions",
-        "async_batches", "collect_threads", "rollout_storage",
+        "async_batches", "torch_threads", "rollout_storage", "step_hooks", "cpu_counters",
     ],
-    "front": ["vector_env", "async_collection", "rollouts", "states", "loop_timing", "slow_loop", "batched_spaces", "make_vec"],
+    "front": ["vector_env", "async_collection", "rollouts", "states", "diagnose", "slow_loop", "batched_spaces", "make_vec"],
 }
 ORDER = list(SIDES)
 SIDE_OF = {module: side for side, modules in SIDES.items() for module in modules}
 # What a spawned worker loads before it caps its threads (its target, shmvec.worker.worker_main, and
 # what that imports): the standard library only, at load time.
-WORKER_LOADS = ["shmvec.worker", "shmvec.stepper", "shmvec.protocol", "shmvec.threads"]
+WORKER_LOADS = ["shmvec.worker", "shmvec.stepper", "shmvec.protocol", "shmvec.worker_threads"]
 
 
 def shmvec_imports(module: str) -> set[str]:

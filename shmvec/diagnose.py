@@ -10,23 +10,25 @@ counts its time running commands (the ``busy`` line of the segment, apart from w
 command, which it may spend spinning on a core; one addition per command, always); a window
 reads them at its edges, so measuring costs two clock reads per step.
 
-Linux only (``/proc``); elsewhere the report has the caller's times alone.
+The kernel's counters are Linux's (``/proc``, :mod:`shmvec.cpu_counters`); elsewhere the report
+has the caller's times alone and says what it could not measure.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from shmvec.checks import usable_cores
+from shmvec.cpu_counters import MEASURABLE, cores_busy, loaded_pools, thread_times
+from shmvec.session import Session
 
-__all__ = ["Diagnosable", "Diagnosis", "LoopWindow", "StepHooks", "ThreadTime"]
+__all__ = ["Diagnosable", "Diagnosis", "LoopWindow", "ThreadTime"]
 
 # A verdict is only given on a clear case: the workers waited for a core longer than this share
 # of their time on one, or the loop's own code took this share of the wall time.
@@ -34,17 +36,6 @@ STARVED_SHARE = 0.5
 OWN_CODE_SHARE = 0.5
 # Cores below this are not named as a cause.
 MIN_CORES = 0.25
-# The one automatic warning (shmvec.slow_loop) needs a clearer case: the workers waited for a
-# core longer than they ran, and a cause other than their own turns on the cores is seen.
-WARN_SHARE = 1.0
-
-
-class StepHooks(Protocol):
-    """What a vector env runs as each step starts (:meth:`enter`) and returns (:meth:`leave`)."""
-
-    def enter(self) -> None: ...
-    def leave(self) -> None: ...
-    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -58,72 +49,6 @@ class ThreadTime:
     cpu_s: float
     starved_s: float
     busy_s: float | None = None
-
-
-def _schedstat(path: str) -> tuple[float, float]:
-    """``(seconds on a core, seconds waiting in the run queue)`` of a task, ``(0, 0)`` if gone."""
-    try:
-        with open(path) as f:
-            run_ns, wait_ns, _ = f.read().split()
-    except (OSError, ValueError):
-        return 0.0, 0.0
-    return int(run_ns) / 1e9, int(wait_ns) / 1e9
-
-
-def _tasks(pid: int) -> dict[int, tuple[str, float, float]]:
-    """Each thread of ``pid``: ``{tid: (name, cpu_s, starved_s)}`` (empty where there is no /proc)."""
-    out: dict[int, tuple[str, float, float]] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-        except OSError:
-            continue
-        out[int(tid)] = (name, *_schedstat(f"/proc/{pid}/task/{tid}/schedstat"))
-    return out
-
-
-def _machine_busy() -> float | None:
-    """Seconds the cores this process may run on have spent busy since boot (``/proc/stat``'s
-    ``cpuN`` lines: in a container the file may count the host's cores), or ``None``.
-    """
-    try:
-        cores = os.sched_getaffinity(0)
-        with open("/proc/stat") as f:
-            lines = f.read().splitlines()
-    except (AttributeError, OSError):
-        return None
-    busy, seen = 0, False
-    for line in lines:
-        name, _, rest = line.partition(" ")
-        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores):
-            continue
-        ticks = [int(x) for x in rest.split()]
-        busy += sum(ticks[:8]) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)  # less idle, iowait
-        seen = True
-    return busy / os.sysconf("SC_CLK_TCK") if seen else None
-
-
-def _pools() -> list[str]:
-    """The thread pools the calling process has loaded, as the user knows them (torch first)."""
-    names = []
-    torch: Any = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "get_num_threads"):
-        names.append(f"torch's intra-op pool ({torch.get_num_threads()} threads)")
-    if "threadpoolctl" in sys.modules or "numpy" in sys.modules:
-        try:
-            from threadpoolctl import threadpool_info
-
-            for pool in threadpool_info():
-                names.append(f"{pool.get('internal_api')} in {os.path.basename(pool.get('filepath', '?'))} "
-                             f"({pool.get('num_threads')} threads)")  # fmt: skip
-        except Exception:  # not installed, or a library it cannot read
-            pass
-    return names
 
 
 @dataclass
@@ -153,6 +78,11 @@ class Diagnosis:
         The cores this process may run on.
     pools : list of str
         The thread pools loaded in the calling process.
+    measured : bool
+        Whether the kernel's per-thread CPU counters could be read (Linux's ``/proc``). Where
+        they cannot (macOS, Windows), the times on a core and waiting for one are 0, the other
+        processes unknown, and the report says so: only the caller's clock and the workers'
+        command time are measured.
     """
 
     wall_s: float
@@ -164,6 +94,7 @@ class Diagnosis:
     other_cores: float | None
     cores: int
     pools: list[str] = field(default_factory=list)
+    measured: bool = True
 
     @property
     def starved_share(self) -> float:
@@ -176,7 +107,7 @@ class Diagnosis:
         found = []
         wall = self.wall_s or 1e-9
         if self.workers and self.starved_share > STARVED_SHARE:
-            numbers, seen = self._starved(wall)
+            numbers, seen = self.starvation(wall)
             if not seen and len(self.workers) + 1 > self.cores:
                 seen = [
                     f"{len(self.workers)} workers and the calling process take turns on {self.cores} cores: "
@@ -191,18 +122,7 @@ class Diagnosis:
             )
         return found
 
-    def warning(self) -> str | None:
-        """The one automatic warning's text, on the clearest case only: the workers waited for a
-        core longer than they ran, and the calling process's other threads or other processes
-        took the cores (``None`` otherwise: workers that only take turns with the loop on too few
-        cores are not warned about).
-        """
-        if not self.workers or self.starved_share <= WARN_SHARE:
-            return None
-        numbers, seen = self._starved(self.wall_s or 1e-9)
-        return "; ".join([numbers, *seen]) if seen else None
-
-    def _starved(self, wall: float) -> tuple[str, list[str]]:
+    def starvation(self, wall: float) -> tuple[str, list[str]]:
         """The starved workers' numbers, and each cause seen that is not their own (the calling
         process's other threads, other processes), with its fix.
         """
@@ -243,6 +163,11 @@ class Diagnosis:
             lines.append(f"  caller thread {t.name}: on a core {t.cpu_s:.2f} s, waiting for one {t.starved_s:.2f} s")
         if self.other_cores is not None:
             lines.append(f"  other processes: {self.other_cores:.1f} of {self.cores} cores")
+        if not self.measured:
+            lines.append(
+                "  not measured here: time on a core and waiting for one, the caller's other threads, other "
+                "processes (this system has no per-thread CPU counters in /proc)"
+            )
         causes = self.causes()
         lines += [f"why: {c}" for c in causes] if causes else ["why: nothing stands out"]
         return "\n".join(lines)
@@ -261,15 +186,16 @@ class _Counters:
     def read(cls, workers: Callable[[], list[tuple[int, float]]]) -> _Counters:
         times = {}
         for pid, commands in workers():
-            tasks = _tasks(pid).values()
+            tasks = thread_times(pid).values()
             times[pid] = (sum(cpu for _, cpu, _ in tasks), sum(starved for _, _, starved in tasks), commands)
-        return cls(time.perf_counter(), times, _tasks(os.getpid()), _machine_busy())
+        return cls(time.perf_counter(), times, thread_times(os.getpid()), cores_busy())
 
 
 class LoopWindow:
-    """A window of a loop, measured: the clock around each step (:meth:`around`), the /proc
-    counters at its edges (:meth:`start`, :meth:`stop`, and :meth:`pause`/:meth:`resume` to
-    leave a stretch out: the automatic window leaves out the updates between rollouts).
+    """A window of a loop, measured: the clock around each step (a step hook: :meth:`enter`,
+    :meth:`leave`), the kernel's CPU counters at its edges (:meth:`start`, :meth:`stop`, and
+    :meth:`pause`/:meth:`resume` to leave a stretch out: the automatic window leaves out the
+    updates between rollouts).
 
     Parameters
     ----------
@@ -286,7 +212,7 @@ class LoopWindow:
     """
 
     __slots__ = ("workers", "cores", "steps", "inside", "diagnosis", "_edge", "_active", "_sums", "_threads", "_ours",
-                 "_machine")  # fmt: skip
+                 "_machine", "_entered")  # fmt: skip
 
     def __init__(self, workers: Callable[[], list[tuple[int, float]]], cores: int) -> None:
         self.workers, self.cores = workers, cores
@@ -298,10 +224,20 @@ class LoopWindow:
         self._threads: dict[int, list[Any]] = {}  # caller's tid: [name, on a core, waiting for one]
         self._ours = 0.0  # CPU seconds of the workers and the calling process
         self._machine: float | None = 0.0  # busy seconds of the usable cores
+        self._entered: float | None = None  # perf_counter() as the step now running started
 
-    def around(self, hooks: StepHooks) -> StepHooks:
-        """``hooks`` with this window's clock around each step."""
-        return _Timed(hooks, self)
+    # -- a step hook (shmvec.step_hooks): the clock around each step ---------------------------
+    def enter(self) -> None:
+        self._entered = time.perf_counter()
+
+    def leave(self) -> None:
+        entered, self._entered = self._entered, None
+        if entered is not None:  # (a window added while a step ran counts from the next one)
+            self.inside += time.perf_counter() - entered
+            self.steps += 1
+
+    def close(self) -> None:
+        return None
 
     def __str__(self) -> str:
         return "(a window still open)" if self.diagnosis is None else str(self.diagnosis)
@@ -373,49 +309,27 @@ class LoopWindow:
             caller_threads=sorted(threads, key=lambda t: -t.cpu_s),
             other_cores=other,
             cores=self.cores,
-            pools=_pools(),
+            pools=loaded_pools(),
+            measured=MEASURABLE,
         )
         return self.diagnosis
 
 
-class _Timed:
-    """Step hooks with a window's clock around them: the time inside each step, and the steps."""
-
-    __slots__ = ("hooks", "window", "entered")
-
-    def __init__(self, hooks: StepHooks, window: LoopWindow) -> None:
-        self.hooks, self.window, self.entered = hooks, window, 0.0
-
-    def enter(self) -> None:
-        self.entered = time.perf_counter()
-        self.hooks.enter()
-
-    def leave(self) -> None:
-        self.hooks.leave()
-        window = self.window
-        window.inside += time.perf_counter() - self.entered
-        window.steps += 1
-
-    def close(self) -> None:
-        self.hooks.close()
+def window_over(session: Session) -> LoopWindow:
+    """A window over the workers of ``session``'s pool (not started)."""
+    return LoopWindow(session.pool.worker_clocks, usable_cores())
 
 
 class Diagnosable:
     """The ``diagnose`` part of :class:`~shmvec.ShmVecEnv`'s API (a base class of it)."""
 
-    _session: Any
-    _around_step: StepHooks
-
-    def _window(self) -> LoopWindow:
-        """A window over this vector env's workers (not started)."""
-        pool = self._session.pool
-        return LoopWindow(pool.worker_clocks, usable_cores())
+    _session: Session
 
     @contextmanager
     def diagnose(self) -> Iterator[LoopWindow]:
         """Measure where your loop's time goes while the ``with`` block runs its steps.
 
-        The window's :attr:`~shmvec.loop_timing.LoopWindow.diagnosis` (printable) gives the
+        The window's :attr:`~shmvec.diagnose.LoopWindow.diagnosis` (printable) gives the
         time inside :meth:`step` (or :meth:`recv`, or the rounds of :meth:`rollout`) and between
         steps (your own code: the policy, the update), each worker's time running commands (its
         envs' code), on a core and runnable but waiting for one, the calling process's
@@ -433,13 +347,13 @@ class Diagnosable:
         (100, 2)
         >>> envs.close()
         """
-        self._session.guard("diagnose", needs_reset=False, sync=False)
-        window = self._window()
-        hooks = self._around_step
-        self._around_step = window.around(hooks)
+        session = self._session
+        session.guard("diagnose", needs_reset=False, sync=False)
+        window = window_over(session)
+        session.hooks.add(window)
         window.start()
         try:
             yield window
         finally:
-            self._around_step = hooks
+            session.hooks.remove(window)
             window.stop()

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import shmvec
-from shmvec import collect_threads
-from shmvec.collect_threads import CollectThreads, ThreadsNotice
+from shmvec import torch_threads
+from shmvec.torch_threads import TorchThreads, ThreadsNotice
 
 USER = 4
 
@@ -29,8 +29,8 @@ def torch_and_clock(monkeypatch):
     fake.set_num_threads = set_num_threads
     monkeypatch.setitem(__import__("sys").modules, "torch", fake)
     clock = types.SimpleNamespace(now=100.0)
-    monkeypatch.setattr(collect_threads.time, "perf_counter", lambda: clock.now)
-    monkeypatch.setattr(collect_threads, "_told", True)
+    monkeypatch.setattr(torch_threads.time, "perf_counter", lambda: clock.now)
+    monkeypatch.setattr(torch_threads, "_told", True)
     return fake, clock
 
 
@@ -56,7 +56,7 @@ def ppo_gaps(rollouts, steps, forward=1e-3, update=0.5):
 
 def test_a_ppo_loop_collects_on_the_lowered_threads_and_updates_on_the_users(torch_and_clock):
     fake, clock = torch_and_clock
-    guard = CollectThreads(1)
+    guard = TorchThreads(1)
     seen = run_loop(guard, fake, clock, ppo_gaps(rollouts=6, steps=16))
     updates = seen[::16]  # the gap before each rollout's first step: an update
     assert updates == [USER] * 7
@@ -71,17 +71,17 @@ def test_a_ppo_loop_collects_on_the_lowered_threads_and_updates_on_the_users(tor
 def test_no_rhythm_no_change(torch_and_clock):
     """An off-policy loop (an update after every step), and irregular rollouts, are left alone."""
     fake, clock = torch_and_clock
-    run_loop(CollectThreads(1), fake, clock, [0.02] * 200)
+    run_loop(TorchThreads(1), fake, clock, [0.02] * 200)
     irregular = []
     for steps in (16, 20, 24, 28, 32):
         irregular += [0.5] + [1e-3] * (steps - 1)
-    run_loop(CollectThreads(1), fake, clock, irregular)
+    run_loop(TorchThreads(1), fake, clock, irregular)
     assert fake.calls == 0
 
 
 def test_a_hiccup_mid_rollout_never_leaves_an_update_on_the_lowered_threads(torch_and_clock):
     fake, clock = torch_and_clock
-    guard = CollectThreads(1)
+    guard = TorchThreads(1)
     gaps = ppo_gaps(rollouts=4, steps=16)
     pause = 3 * 16 + 5
     gaps[pause] = 0.2  # a long pause inside the fourth rollout (an evaluation, a checkpoint)
@@ -95,9 +95,9 @@ def test_a_hiccup_mid_rollout_never_leaves_an_update_on_the_lowered_threads(torc
 
 def test_off_and_close(torch_and_clock):
     fake, clock = torch_and_clock
-    run_loop(CollectThreads(None), fake, clock, ppo_gaps(rollouts=5, steps=16))
+    run_loop(TorchThreads(None), fake, clock, ppo_gaps(rollouts=5, steps=16))
     assert fake.calls == 0
-    guard = CollectThreads(2)
+    guard = TorchThreads(2)
     run_loop(guard, fake, clock, ppo_gaps(rollouts=3, steps=16)[:-10])  # stopped mid-rollout
     assert fake.threads == 2
     guard.close()
@@ -106,11 +106,11 @@ def test_off_and_close(torch_and_clock):
 
 def test_said_once(torch_and_clock, monkeypatch):
     fake, clock = torch_and_clock
-    monkeypatch.setattr(collect_threads, "_told", False)
+    monkeypatch.setattr(torch_threads, "_told", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_loop(CollectThreads(1), fake, clock, ppo_gaps(rollouts=4, steps=16))
-        run_loop(CollectThreads(1), fake, clock, ppo_gaps(rollouts=4, steps=16))
+        run_loop(TorchThreads(1), fake, clock, ppo_gaps(rollouts=4, steps=16))
+        run_loop(TorchThreads(1), fake, clock, ppo_gaps(rollouts=4, steps=16))
     notices = [w for w in caught if issubclass(w.category, ThreadsNotice)]
     assert len(notices) == 1
     assert "1 intra-op thread(s) while a rollout of 16 steps" in str(notices[0].message)
@@ -154,7 +154,7 @@ def test_a_descheduled_step_inside_a_rollout_is_not_an_update(torch_and_clock):
     threads share the cores, must not break the rhythm: found on HalfCheetah x8 with
     ShmVecEnv.diagnose(), where one such gap per rollout kept torch's threads up."""
     fake, clock = torch_and_clock
-    guard = CollectThreads(1)
+    guard = TorchThreads(1)
     gaps = []
     for r in range(6):
         rollout = [1e-3] * 15
@@ -169,22 +169,22 @@ def test_a_descheduled_step_inside_a_rollout_is_not_an_update(torch_and_clock):
 def test_settled_once_the_threads_are_decided_or_no_rhythm_is_found(torch_and_clock):
     """What SlowLoopWatch waits for: a window taken before would see threads about to be lowered."""
     fake, clock = torch_and_clock
-    off = CollectThreads(None)  # reads the rhythm too (the automatic window needs it), never touches torch
+    off = TorchThreads(None)  # reads the rhythm too (the automatic window needs it), never touches torch
     run_loop(off, fake, clock, ppo_gaps(rollouts=3, steps=16)[:-1])
     assert off.settled and off.period == 16 and off.rollout_done and fake.calls == 0
-    guard = CollectThreads(1)
+    guard = TorchThreads(1)
     run_loop(guard, fake, clock, ppo_gaps(rollouts=1, steps=16))
     assert not guard.settled
     run_loop(guard, fake, clock, ppo_gaps(rollouts=2, steps=16)[1:])
     assert guard.settled and fake.threads == 1  # the rhythm was found: lowered
-    irregular = CollectThreads(1)
-    for steps in range(16, 16 + 4 * collect_threads.GIVE_UP_UPDATES, 4):
+    irregular = TorchThreads(1)
+    for steps in range(16, 16 + 4 * torch_threads.GIVE_UP_UPDATES, 4):
         assert not irregular.settled
         run_loop(irregular, fake, clock, [0.5] + [1e-3] * (steps - 1))
     run_loop(irregular, fake, clock, [0.5])
     assert irregular.settled and irregular.period == 0
-    no_updates = CollectThreads(1)
-    run_loop(no_updates, fake, clock, [0.02] * (collect_threads.GIVE_UP_STEPS - 1))
+    no_updates = TorchThreads(1)
+    run_loop(no_updates, fake, clock, [0.02] * (torch_threads.GIVE_UP_STEPS - 1))
     assert not no_updates.settled
     run_loop(no_updates, fake, clock, [0.02])
     assert no_updates.settled

@@ -1,4 +1,4 @@
-"""Worker processes cap the thread pools of the libraries they load (shmvec.threads)."""
+"""Worker processes cap the thread pools of the libraries they load (shmvec.worker_threads)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import shmvec
-from shmvec.threads import library_threads
+from shmvec.worker_threads import library_threads
 
 torch = pytest.importorskip("torch")
 import numba  # noqa: E402  (loaded here, so that forked workers inherit it)

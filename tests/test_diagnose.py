@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import shmvec
-from shmvec import collect_threads, slow_loop
+from shmvec import slow_loop
 from shmvec.checks import usable_cores
-from shmvec.loop_timing import Diagnosis, ThreadTime
-from shmvec.slow_loop import SlowLoopWarning, SlowLoopWatch
+from shmvec.diagnose import Diagnosis, LoopWindow, ThreadTime
+from shmvec.slow_loop import SlowLoopWarning, SlowLoopWatch, warning_text
+from shmvec.torch_threads import TorchThreads
 from envs_for_tests import FaultyEnv, NoneInfoEnv, SlowEnv
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's counters are in /proc")
@@ -23,15 +24,16 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="th
 def test_a_window_accounts_for_the_loops_time():
     with shmvec.make("CartPole-v1", num_envs=4, num_workers=2) as envs:
         envs.reset(seed=0)
-        hooks = envs._around_step
+        hooks = envs._session.hooks
         with envs.diagnose() as window:
+            assert window in hooks
             assert window.diagnosis is None
             for _ in range(300):
                 envs.step(np.zeros(4, dtype=np.int64))
                 t = time.perf_counter()
                 while time.perf_counter() - t < 1e-3:  # the loop's own code, a millisecond a step
                     pass
-        assert envs._around_step is hooks  # nothing measured outside the window
+        assert window not in hooks  # nothing measured outside the window
         d = window.diagnosis
         assert d.steps == 300
         assert 0 < d.in_shmvec_s < d.wall_s and d.between_steps_s >= 0.3
@@ -125,22 +127,21 @@ def test_each_worker_reports_its_time_running_commands_apart_from_waiting_for_th
 
 def test_the_warning_is_for_the_clearest_case_only():
     starved = [ThreadTime("pid 1", 0.2, 0.5), ThreadTime("pid 2", 0.2, 0.5)]
-    assert diagnosis().warning() is None  # healthy
-    assert diagnosis(workers=starved).warning() is None  # workers and loop only take turns
-    text = diagnosis(workers=starved, caller_threads=[ThreadTime("7 (python)", 0.9, 0.0)]).warning()
+    assert warning_text(diagnosis()) is None  # healthy
+    assert warning_text(diagnosis(workers=starved)) is None  # workers and loop only take turns
+    text = warning_text(diagnosis(workers=starved, caller_threads=[ThreadTime("7 (python)", 0.9, 0.0)]))
     assert "waited 1.00 s for a core and ran 0.40 s" in text and "other threads" in text
-    assert "other processes kept 1.5" in diagnosis(workers=starved, other_cores=1.5).warning()
+    assert "other processes kept 1.5" in warning_text(diagnosis(workers=starved, other_cores=1.5))
     # starved, but less than they ran: diagnose() names it, the warning does not
     mild = [ThreadTime("pid 1", 0.4, 0.3), ThreadTime("pid 2", 0.4, 0.3)]
     d = diagnosis(workers=mild, other_cores=1.5)
-    assert d.causes() and d.warning() is None
+    assert d.causes() and warning_text(d) is None
 
 
 @pytest.fixture
 def short_window(monkeypatch):
     monkeypatch.setattr(slow_loop, "WARMUP_STEPS", 20)
     monkeypatch.setattr(slow_loop, "WINDOW_S", 1.0)
-    monkeypatch.setattr(collect_threads, "GIVE_UP_STEPS", 50)  # a loop of steps alone: no rhythm to wait for
 
 
 @pytest.fixture
@@ -148,12 +149,30 @@ def judged(monkeypatch):
     """Every judged window's diagnosis, each found a clear case (``"a clear case"``)."""
     seen = []
 
-    def warning(self):
-        seen.append(self)
+    def warning(diagnosis):
+        seen.append(diagnosis)
         return "a clear case"
 
-    monkeypatch.setattr(Diagnosis, "warning", warning)
+    monkeypatch.setattr(slow_loop, "warning_text", warning)
     return seen
+
+
+def rollouts(envs, count, steps=16, update_s=0.05, seconds=None):
+    """A PPO-like loop: ``count`` rollouts of ``steps`` steps (or as many as fit in ``seconds``),
+    an update of ``update_s`` after each.
+    """
+    t0 = time.perf_counter()
+    for _ in range(count):
+        for _ in range(steps):
+            envs.step(np.zeros(envs.num_envs, dtype=np.int64))
+        time.sleep(update_s)
+        if seconds is not None and time.perf_counter() - t0 > seconds:
+            return
+
+
+def watch_of(envs):
+    (watch,) = [h for h in envs._session.hooks._hooks if isinstance(h, SlowLoopWatch)] or [None]
+    return watch
 
 
 def test_a_loop_that_starves_its_workers_is_warned_about_once(short_window):
@@ -165,20 +184,19 @@ def test_a_loop_that_starves_its_workers_is_warned_about_once(short_window):
                 [lambda: SlowEnv(500.0) for _ in range(4)], num_workers=2, warn_slow_loop=warn
             ) as envs:
                 envs.reset(seed=0)
-                watch = envs._around_step
-                assert isinstance(watch, SlowLoopWatch) is warn
+                watch = watch_of(envs)
+                assert (watch is not None) is warn
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
-                    t = time.perf_counter()
-                    while time.perf_counter() - t < 3.0:
-                        envs.step(np.zeros(4, dtype=np.int64))
+                    rollouts(envs, 1000, update_s=0.02, seconds=4.0)
                 said = [w for w in caught if issubclass(w.category, SlowLoopWarning)]
                 if warn:
                     (one,) = said
                     assert "waited" in str(one.message) and "other processes kept" in str(one.message)
                     assert "warn_slow_loop=False" in str(one.message)
                     assert one.filename == __file__  # the user's line, under shmvec's own hooks
-                    assert envs._around_step is watch.hooks  # measured once: out of the step path
+                    assert watch not in envs._session.hooks  # measured once: out of the step path
+                    assert not any(isinstance(h, LoopWindow) for h in envs._session.hooks._hooks)
                 else:
                     assert said == []
     finally:
@@ -187,25 +205,54 @@ def test_a_loop_that_starves_its_workers_is_warned_about_once(short_window):
             p.wait()
 
 
+class Rhythm:
+    """A stand-in for TorchThreads' reading of the loop's rhythm."""
+
+    settled, period, rollout_done = False, 0, False
+
+    def enter(self): ...
+    def leave(self): ...
+    def close(self): ...
+
+
 def test_the_window_waits_for_the_threads_rhythm_to_settle(short_window):
-    class Hooks:
-        settled, rollout_done = False, False
-
-        def enter(self): ...
-        def leave(self): ...
-        def close(self): ...
-
-    with shmvec.make("CartPole-v1", num_envs=2, num_workers=1) as envs:
-        hooks = Hooks()
-        envs._around_step = watch = SlowLoopWatch(hooks, envs)
+    with shmvec.make("CartPole-v1", num_envs=2, num_workers=1, warn_slow_loop=False) as envs:
+        hooks, rhythm = envs._session.hooks, Rhythm()
+        watch = SlowLoopWatch(rhythm, hooks, envs._session.pool.worker_clocks)
+        hooks.add(watch)
         envs.reset(seed=0)
         for _ in range(100):
             envs.step(np.zeros(2, dtype=np.int64))
         assert watch.window is None and watch.warmup == 20
-        hooks.settled = True
+        rhythm.settled, rhythm.period = True, 16
         for _ in range(25):
             envs.step(np.zeros(2, dtype=np.int64))
-        assert watch.window is not None and watch.window.steps == 6  # from the 20th settled step on
+        assert watch.window is not None and watch.window.steps == 5  # timed from the step after the 20th
+
+
+def test_a_loop_without_a_rhythm_is_not_judged(short_window, judged):
+    """A loop that never settles on a rhythm (or breaks it inside the window: a harness pausing
+    for seconds between its stretches of steps) is left alone: its gaps are not the workers' steps.
+    """
+    with shmvec.make("CartPole-v1", num_envs=2, num_workers=1, warn_slow_loop=False) as envs:
+        hooks, rhythm = envs._session.hooks, Rhythm()
+        watch = SlowLoopWatch(rhythm, hooks, envs._session.pool.worker_clocks)
+        hooks.add(watch)
+        envs.reset(seed=0)
+        rhythm.settled = True  # settled, with no rhythm found
+        envs.step(np.zeros(2, dtype=np.int64))
+        assert watch not in hooks and watch.window is None
+        watch = SlowLoopWatch(rhythm, hooks, envs._session.pool.worker_clocks)
+        hooks.add(watch)
+        rhythm.period = 16
+        for _ in range(30):
+            envs.step(np.zeros(2, dtype=np.int64))
+        window = watch.window
+        assert window is not None and window in hooks
+        rhythm.period = 0  # the rhythm broke inside the window
+        envs.step(np.zeros(2, dtype=np.int64))
+        assert watch not in hooks and window not in hooks
+    assert judged == []
 
 
 def test_the_automatic_window_leaves_the_updates_out(short_window, judged, monkeypatch):
@@ -214,10 +261,7 @@ def test_the_automatic_window_leaves_the_updates_out(short_window, judged, monke
         envs.reset(seed=0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SlowLoopWarning)
-            for _ in range(12):  # rollouts of 16 steps, a 0.1 s update after each
-                for _ in range(16):
-                    envs.step(np.zeros(2, dtype=np.int64))
-                time.sleep(0.1)
+            rollouts(envs, 12, update_s=0.1)
     (d,) = judged
     # 64 steps or more, over 4 rollouts or more: 0.4 s of updates at least, none of it counted
     assert d.steps >= 64 and d.wall_s < 0.2 and d.between_steps_s < 0.1
@@ -232,10 +276,12 @@ def test_a_warning_made_an_error_costs_no_step(short_window, judged, monkeypatch
             count = 0
             with pytest.raises(SlowLoopWarning, match="a clear case"):
                 while True:
-                    obs, *_ = envs.step(np.zeros(2, dtype=np.int64))
-                    count += 1
-                    assert obs[0, 0] == count
-            assert envs._around_step is not None and len(judged) == 1
+                    for _ in range(16):
+                        obs, *_ = envs.step(np.zeros(2, dtype=np.int64))
+                        count += 1
+                        assert obs[0, 0] == count
+                    time.sleep(0.02)
+            assert len(judged) == 1
             obs, *_ = envs.step(np.zeros(2, dtype=np.int64))  # the step that raised never ran
             assert obs[0, 0] == count + 1
 
@@ -244,16 +290,15 @@ def test_a_window_judged_inside_diagnose_leaves_the_step_path_after_it(short_win
     monkeypatch.setattr(slow_loop, "WINDOW_S", 0.01)
     with shmvec.make("CartPole-v1", num_envs=2, num_workers=1) as envs:
         envs.reset(seed=0)
-        watch = envs._around_step
+        hooks = envs._session.hooks
+        watch = watch_of(envs)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SlowLoopWarning)
             with envs.diagnose() as window:
-                for _ in range(1000):
-                    envs.step(np.zeros(2, dtype=np.int64))
-            assert len(judged) == 1 and envs._around_step is watch  # diagnose() gave its hooks back
-            envs.step(np.zeros(2, dtype=np.int64))
-        assert envs._around_step is watch.hooks
-        assert window.diagnosis.steps == 1000
+                rollouts(envs, 40, update_s=0.02)
+            assert len(judged) == 1 and watch not in hooks and window not in hooks
+        assert [type(h) for h in hooks._hooks] == [TorchThreads]
+        assert window.diagnosis.steps == 640
 
 
 def test_a_worker_restarted_inside_a_window_is_left_out_of_it():

@@ -7,7 +7,7 @@ a worker per core then gets half a core (``docs/benchmarks.md``, "In a training 
 torch"). The forward pass of a rollout is small, and gains little from the pool; the update, between
 rollouts, is where the pool pays.
 
-:class:`CollectThreads` learns the loop's rhythm from the gaps between ``step`` calls: a run of
+:class:`TorchThreads` learns the loop's rhythm from the gaps between ``step`` calls: a run of
 short gaps (forward passes) is a rollout, a long gap is an update. Once two rollouts in a row
 had the same length, it lowers torch's threads as the next rollout starts (the first step after
 a long gap) and gives the user's number back as the rollout's last step returns, so that the update (and
@@ -25,7 +25,7 @@ from typing import Any
 
 from shmvec.errors import warn_at_caller
 
-__all__ = ["CollectThreads", "ThreadsNotice"]
+__all__ = ["TorchThreads", "ThreadsNotice"]
 
 # A gap between steps is "long" past this many times the typical short gap, and past LONG_S;
 # a long gap is an update unless it is shorter than UPDATE_SHARE of the updates seen: the loop's
@@ -47,7 +47,7 @@ class ThreadsNotice(UserWarning):
     """Said once per process, the first time a vector env lowers torch's threads for a rollout."""
 
 
-class CollectThreads:
+class TorchThreads:
     """Torch's intra-op threads while a rollout is collected: ``threads`` (``None``: leave torch alone).
 
     Call :meth:`enter` as a step starts and :meth:`leave` as it returns, from the thread that
