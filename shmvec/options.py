@@ -2,14 +2,16 @@
 
 ``ShmVecEnv``'s keywords are the fields of :class:`Options`; everything that needs the list
 derives it from here (``shmvec.make`` sorting its keywords, the SB3, baselines and Ray adapters
-checking theirs, a test comparing the constructor's signature). The part a worker applies
-travels to it as a :class:`~shmvec.protocol.WorkerOptions` in the handshake's ``Attach``.
+checking theirs, a test comparing the constructor's signature). The fields marked ``WORKER``
+are what a block applies: they travel to each worker process, as it starts, in one
+:class:`~shmvec.protocol.WorkerOptions` (:meth:`Options.for_worker`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from gymnasium.vector import AutoresetMode
@@ -18,6 +20,9 @@ from shmvec.checks import parse_autoreset_mode, positive_int, usable_cores
 from shmvec.protocol import WorkerOptions
 
 __all__ = ["Options", "passed_on"]
+
+# The mark of a field that a block applies (it reaches the worker in its WorkerOptions).
+WORKER = {"worker": True}
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,7 @@ class Options:
     num_workers: int | None = None
     batch_size: int | None = None
     step_in_main: bool = False
-    autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP
+    autoreset_mode: AutoresetMode | str = dataclasses.field(default=AutoresetMode.NEXT_STEP, metadata=WORKER)
     copy: bool = True
     context: str | None = None
     timeout: float | None = None
@@ -40,7 +45,7 @@ class Options:
     on_error: str = "raise"
     check_finite: bool = False
     spin_us: float | None = None
-    worker_threads: int | None = 1
+    worker_threads: int | None = dataclasses.field(default=1, metadata=WORKER)
     ordered: bool = False
     torch_threads: int | str | None = "auto"
     warn_slow_loop: bool = True
@@ -92,9 +97,16 @@ class Options:
         """Blocks of envs: one per worker, one more with ``step_in_main``."""
         return int(self.num_workers or 0) + (1 if self.step_in_main else 0)
 
-    def for_worker(self) -> WorkerOptions:
-        """The options a block's stepper applies, in a worker or in the calling process."""
-        return WorkerOptions(**{name: getattr(self, name) for name in WorkerOptions._fields})
+    def for_worker(self, spin: Any = None) -> WorkerOptions:
+        """The options a block applies, in a worker or in the calling process: every field marked
+        ``WORKER``, as plain values (an enum as its value), and ``spin``, how a worker waits.
+        """
+        values = {}
+        for f in dataclasses.fields(self):
+            if f.metadata.get("worker"):
+                value = getattr(self, f.name)
+                values[f.name] = value.value if isinstance(value, Enum) else value
+        return WorkerOptions(**values, spin=spin)
 
 
 def passed_on(owner: str, given: dict[str, Any], fixed: dict[str, str]) -> None:

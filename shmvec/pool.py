@@ -8,7 +8,9 @@ once and no core idles in a wait. Either way a command takes one path: :meth:`~W
 starts it, :meth:`~WorkerPool.wait` runs the calling process's block (if it has one) and waits
 for the workers, :meth:`~WorkerPool.collect` takes statuses and replies.
 
-The pool knows nothing of the Gymnasium API: it runs protocol commands and returns replies.
+How each block joins the pool, at start-up and on a restart, is :mod:`shmvec.joining`'s; the
+pool lays out the segment from the spaces the blocks report. It knows nothing of the
+Gymnasium API: it runs protocol commands and returns replies.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from shmvec.blocks import split
 from shmvec.checks import usable_cores
 from shmvec.errors import ClosedError, PayloadError, StepTimeout, WorkerDied, WorkerError
 from shmvec.info_columns import InfoLayout, InfoSchema
+from shmvec.joining import Joining, Segments
 from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.options import Options
-from shmvec.processes import WorkerProcesses, raise_construct_failure
 from shmvec.protocol import DONE, Command, Status
 from shmvec.segment import Segment
-from shmvec.stepper import Stepper, build_envs, close_all
+from shmvec.stepper import Stepper, close_all
 from shmvec.sync import block_until, fence, ring, spin_policies, spin_until
 
 # Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
@@ -125,9 +127,9 @@ class WorkerPool:
         The vector env's options, resolved. The pool uses ``num_workers``, ``step_in_main``
         (the calling process steps one more block, the last), ``context``, ``timeout`` (seconds
         a command, construction included, may take before :class:`StepTimeout`), ``spin_us``
-        (``None``: :func:`shmvec.sync.spin_policies` picks it), ``worker_threads``, whether
-        collection is asynchronous (for the spin policy), and what the steppers apply
-        (:meth:`~shmvec.options.Options.for_worker`).
+        (``None``: :func:`shmvec.sync.spin_policies` picks it), whether collection is
+        asynchronous (for the spin policy), and what the blocks apply
+        (:meth:`~shmvec.options.Options.for_worker`, with the workers' spin policy).
     """
 
     def __init__(self, env_fns: Sequence[Callable[[], Any]], options: Options) -> None:
@@ -140,11 +142,10 @@ class WorkerPool:
         self.main_index: int | None = num_workers if step_in_main else None  # the caller's block
         self.timeout = options.timeout
         self.autoreset_mode = options.autoreset_mode
-        self.worker_options = options.for_worker()
         self.state = PoolState.OPEN
 
         asynchronous = options.batch_size is not None and options.batch_size < self.num_envs
-        self._worker_spin, self._wait_policy = spin_policies(
+        worker_spin, self._wait_policy = spin_policies(
             num_workers, num_blocks, usable_cores(), options.spin_us, asynchronous
         )
         self._next_sentinel_check = 0.0
@@ -176,51 +177,34 @@ class WorkerPool:
         self._all_seq: int | None = None  # set while every worker block's target is this one number
         self._all_done: Callable[[], bool] = lambda: False  # see _set_up
 
-        self._env_fns = env_fns  # the main block's are called again by a restart
-        self.workers = WorkerProcesses(env_fns, self.blocks[:num_workers], options.context, options.worker_threads)
+        self.joining = Joining(
+            env_fns, self.blocks, self.main_index, options.for_worker(worker_spin), options.context, self.timeout
+        )
+        self.workers = self.joining.workers
         self.context = self.workers.context
         try:
-            for block in self.worker_blocks:
-                self.workers.start(block)
-            self._set_up()
+            self.spaces, stepper = self.joining.join(self.all_blocks, None, self._lay_out)
+            if stepper is not None:
+                self.main = MainBlock(num_workers, stepper)
         except BaseException:
             self.state = PoolState.BROKEN
             self.shutdown(timeout=1.0)
             raise
 
     # -- set-up ----------------------------------------------------------------------------
-    def _set_up(self) -> None:
-        """The handshake (see ``docs/architecture.md``): spaces from every block, the segment,
-        then every worker attached to it.
+    def _lay_out(self, spaces: P.Spaces) -> Segments:
+        """The segment, laid out for the spaces every block reported (see ``docs/architecture.md``),
+        and this process's views of it: what the joining blocks are handed.
         """
-        main_envs = self._build_main_envs() if self.main_index is not None else []
-        try:
-            self._handshake(main_envs)
-        except BaseException:
-            if self.main is None:  # the main block's envs were built but never handed over
-                close_all(main_envs)
-            raise
-
-    def _handshake(self, main_envs: list) -> None:
-        deadline = self._deadline()
-        found: list[tuple[int, P.Spaces]] = []  # (first env, Spaces) of each block
-        if main_envs:
-            found.append((self.blocks[-1].start, P.Spaces.of(main_envs[0])))
-        found += [(self.blocks[b].start, self.workers.spaces(b, deadline)) for b in self.worker_blocks]
-        found.sort(key=lambda f: f[0])
-        self.spaces = found[0][1]
-        for start, other in found[1:]:
-            self._check_spaces(start, other)
-
         self.layout = Layout.build(
-            self.spaces.observation_space,
-            self.spaces.action_space,
+            spaces.observation_space,
+            spaces.action_space,
             self.num_envs,
             len(self.blocks),
             with_final_obs=self.autoreset_mode is AutoresetMode.SAME_STEP,
         )
-        self._segment = Segment(self.layout)
-        self.views = self._segment.views
+        self._segment = segment = Segment(self.layout)
+        self.views = segment.views
         self._pickled_act = self.layout.pickled("act/")
         self._pickled_obs = bool(self.layout.pickled("obs/"))
         self.lines = control_lines(self.views)
@@ -236,45 +220,7 @@ class WorkerPool:
             return True
 
         self._all_done = all_done
-        for block in self.worker_blocks:
-            self._attach(block)
-        for block in self.worker_blocks:
-            self.workers.ready(block, deadline)
-        if self.main_index is not None:
-            self.main = MainBlock(self.main_index, self._stepper(main_envs))
-
-    def _build_main_envs(self) -> list:
-        envs = self.blocks[-1]
-        built = build_envs(self._env_fns[envs.start : envs.stop], envs.start, len(self.blocks) - 1)
-        raise_construct_failure(built)
-        assert isinstance(built, list)
-        return built
-
-    def _deadline(self) -> float | None:
-        return None if self.timeout is None else time.monotonic() + max(self.timeout, 30.0)
-
-    def _check_spaces(self, start: int, found: P.Spaces) -> None:
-        why = found.mismatch(start, self.spaces, 0)
-        if why is not None:
-            raise ValueError(why)
-
-    def _stepper(self, envs: list) -> Stepper:
-        stepper = Stepper(
-            envs,
-            self.blocks[-1].start,
-            self.layout,
-            self.views,
-            self.worker_options,
-            self.spaces.observation_space,
-            self.spaces.action_space,
-        )
-        for cmd, segment in self.attached.items():
-            stepper.run(cmd, (segment.layout, segment.mapping))
-        return stepper
-
-    def _attach(self, block: int) -> None:
-        assert self._segment is not None and self._segment.fd is not None
-        self.workers.attach(block, P.Attach(self.layout, self.worker_options, self._worker_spin), self._segment.fd)
+        return Segments(segment, self.attached)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -293,35 +239,26 @@ class WorkerPool:
         return [(p.pid, float(busy[b, 0])) for b, p in enumerate(self.workers.procs) if p is not None]
 
     def restart_block(self, block: int) -> None:
-        """Replace the envs of ``block`` with new ones (a new worker process for a worker block).
+        """Replace the envs of ``block`` with new ones (a new worker process for a worker block),
+        which join as at start-up, with the segments attached since.
 
         The new envs are built but not reset. Raises like construction does if that fails.
         """
-        if self.main is not None and block == self.main.index:
-            close_all(self.main.stepper.envs)
-            envs = self._build_main_envs()
-            try:
-                self._check_spaces(self.blocks[block].start, P.Spaces.of(envs[0]))
-            except ValueError:
-                close_all(envs)
-                raise
-            self.main.stepper = self._stepper(envs)
-            return
-        self.workers.stop(block)
-        # The new worker starts from the current sequence number, with nothing pending.
-        line = self.lines[block]
-        line[P.GO] = line[DONE] = self._target[block] = self.seq
-        line[P.SLEEPING] = 0
-        self._all_seq = None
-        self.workers.start(block)
-        deadline = self._deadline()
-        self._check_spaces(self.blocks[block].start, self.workers.spaces(block, deadline))
-        self._attach(block)
-        self.workers.ready(block, deadline)
-        for cmd, segment in self.attached.items():
-            if cmd.restart is P.Restart.RESEND:
-                _, failures = self._attach_segment(cmd, segment, [block])
-                self.raise_first(failures)
+        main = self.main
+        if main is not None and block == main.index:
+            close_all(main.stepper.envs)
+        else:
+            self.workers.stop(block)
+            # The new worker starts from the current sequence number, with nothing pending.
+            line = self.lines[block]
+            line[P.GO] = line[DONE] = self._target[block] = self.seq
+            line[P.SLEEPING] = 0
+            self._all_seq = None
+        assert self._segment is not None
+        handed = Segments(self._segment, self.attached)
+        _, stepper = self.joining.join([block], self.spaces, lambda _: handed)
+        if main is not None and stepper is not None:
+            main.stepper = stepper
 
     def attach_rollout(self, num_steps: int) -> Segment:
         """Create the rollout segment for ``num_steps`` steps and hand it to every block.
@@ -339,26 +276,22 @@ class WorkerPool:
 
     def attach(self, cmd: Command, segment: Segment) -> Segment:
         """Hand ``segment`` to every block with ``cmd`` (a command whose payload is a segment's
-        layout, see ``Command.descriptor``), in place of the one ``cmd`` attached before.
+        layout, see ``Command.descriptor``), in place of the one ``cmd`` attached before; a
+        block that joins later gets it in its ``Attach`` (:mod:`shmvec.joining`).
         """
         old = self.attached.pop(cmd, None)
         if old is not None:
             old.close()
         self.attached[cmd] = segment
-        _, failures = self._attach_segment(cmd, segment, list(range(len(self.blocks))))
+        # Its layout and descriptor to a worker, the layout and this process's mapping to the main block.
+        payloads: list[Any] = [segment.layout] * len(self.blocks)
+        if self.main is not None:
+            payloads[-1] = (segment.layout, segment.mapping)
+        _, failures = self.run(cmd, payloads, fd=segment.fd)
         if failures:
             self.state = PoolState.BROKEN
             self.raise_first(failures)
         return segment
-
-    def _attach_segment(self, command: Command, segment: Segment, block_ids: list[int]) -> tuple[list, Failures]:
-        """Hand ``segment`` to ``block_ids``: its layout and descriptor to a worker, the layout
-        and this process's mapping to the main block.
-        """
-        payloads: list[Any] = [segment.layout] * len(self.blocks)
-        if self.main is not None:
-            payloads[-1] = (segment.layout, segment.mapping)
-        return self.run(command, payloads, block_ids=block_ids, fd=segment.fd)
 
     # -- command rounds ----------------------------------------------------------------------
     # A round is submit (signal the blocks), then wait (for all, or for some in async mode),

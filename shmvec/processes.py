@@ -46,6 +46,8 @@ class WorkerProcesses:
         The envs of each block served by a worker.
     context : str or None
         ``multiprocessing`` start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
+    options : WorkerOptions
+        What every worker applies, given to each process as it starts.
 
     Raises
     ------
@@ -58,7 +60,7 @@ class WorkerProcesses:
         env_fns: Sequence[Callable[[], Any]],
         block_envs: list[range],
         context: str | None,
-        threads: int | None = 1,
+        options: P.WorkerOptions,
     ) -> None:
         import cloudpickle
 
@@ -72,7 +74,7 @@ class WorkerProcesses:
         self._ctx = cast("DefaultContext | ForkContext | ForkServerContext | SpawnContext", mp.get_context(context))
         self.context: str = self._ctx.get_start_method()
         self.block_envs = block_envs
-        self.threads = threads
+        self.options = options
         count = len(block_envs)
         self.procs: list[Any] = [None] * count  # multiprocessing.Process, once started
         self.conns: list[Any] = [None] * count  # each worker's duplex pipe (handshake, payloads, replies)
@@ -101,7 +103,7 @@ class WorkerProcesses:
                 child_conn,
                 wake_r,
                 self._done_conns[1],
-                self.threads,
+                self.options,
             ),
             name=f"shmvec-worker-{block}",
             daemon=True,
@@ -122,12 +124,15 @@ class WorkerProcesses:
         raise_construct_failure(msg)
         return msg
 
-    def attach(self, block: int, attach: P.Attach, fd: int) -> None:
-        """Hand worker ``block`` the segment (``fd``) and how to use it (``attach``)."""
+    def attach(self, block: int, attach: P.Attach, fds: list[int]) -> None:
+        """Hand worker ``block`` its segments: how to use them (``attach``), then their
+        descriptors, the main segment's first.
+        """
         from multiprocessing.reduction import send_handle
 
         self.conns[block].send(attach)
-        send_handle(self.conns[block], fd, self.procs[block].pid)
+        for fd in fds:
+            send_handle(self.conns[block], fd, self.procs[block].pid)
 
     def ready(self, block: int, deadline: float | None) -> None:
         """Wait for worker ``block`` to confirm that it mapped the segment."""

@@ -31,13 +31,11 @@ import sys
 import traceback
 from enum import Enum, IntEnum
 from multiprocessing.reduction import ForkingPickler
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # annotations only: workers import this module before numpy and gymnasium
-    from gymnasium.vector import AutoresetMode
-
     from shmvec.layout import Layout, RolloutLayout
-    from shmvec.sync import SpinPolicy
 
 # Words of a control line (indices into its int64 words; plain ints: the hot paths index with them).
 GO = 0  # command sequence number, written by main
@@ -70,7 +68,7 @@ class Restart(Enum):
 
     RAISE = "raise"  # the command's failure is raised (the envs' state is the caller's to judge)
     REPLACE = "replace"  # the block gets new envs, reset, and the round goes on without it
-    RESEND = "resend"  # a replaced block gets this command again (the segment it attached)
+    RESEND = "resend"  # a replaced block gets the segment this command attached, in its Attach
 
 
 class Command(IntEnum):
@@ -224,22 +222,28 @@ class Mismatch(NamedTuple):
     message: str  # from Spaces.mismatch
 
 
-class WorkerOptions(NamedTuple):
-    """The options a block's :class:`~shmvec.stepper.Stepper` applies (``Options.for_worker``):
-    one field per :class:`~shmvec.options.Options` field that reaches the worker, same name.
+class WorkerOptions(SimpleNamespace):
+    """The options a block applies, one record: one attribute per :class:`~shmvec.options.Options`
+    field marked for the worker (same name; :meth:`~shmvec.options.Options.for_worker` makes it),
+    and ``spin``, how a worker waits for a command (a :class:`~shmvec.sync.SpinPolicy`).
 
-    (``worker_threads`` is not here: a worker applies it before anything else, at its start.)
+    Each worker process gets it as it starts (at start-up and on a restart alike) and applies
+    all of it: ``worker_threads`` before it builds its envs, the rest in its
+    :class:`~shmvec.stepper.Stepper`; the calling process's block applies the same record. A
+    spawned worker unpickles it before it caps its threads, so it holds plain values only
+    (``autoreset_mode`` as its ``AutoresetMode`` value, a string): no numpy or gymnasium type.
     """
-
-    autoreset_mode: AutoresetMode
 
 
 class Attach(NamedTuple):
-    """Main -> worker: map the segment laid out by ``layout`` (its fd follows on the pipe)."""
+    """Main -> worker: map the segment laid out by ``layout``, and then each segment attached
+    since the start (``attached``: ``(command, layout)`` pairs, the segments that command
+    handed to every block, see ``Restart.RESEND``): their descriptors follow on the pipe, in
+    that order. A worker started at start-up gets none; a replacement gets them all.
+    """
 
     layout: Layout
-    options: WorkerOptions
-    spin: SpinPolicy  # how the worker waits for a command
+    attached: list[tuple[int, Any]]
 
 
 class Ready(NamedTuple):

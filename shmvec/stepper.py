@@ -86,8 +86,9 @@ class Stepper:
         self.start = start
         self.stop = start + len(envs)
         self.options = options
-        self.next_step = options.autoreset_mode is AutoresetMode.NEXT_STEP
-        self.same_step = options.autoreset_mode is AutoresetMode.SAME_STEP
+        mode = AutoresetMode(options.autoreset_mode)  # (a plain value in WorkerOptions)
+        self.next_step = mode is AutoresetMode.NEXT_STEP
+        self.same_step = mode is AutoresetMode.SAME_STEP
         # The protocol's table names the method that runs each command (step kinds run inline).
         self._handlers = {int(c): getattr(self, c.handler) for c in Command if c.handler != "step"}
         self.observation_space = observation_space

@@ -30,6 +30,7 @@ from shmvec.protocol import (
     Ready,
     Spaces,
     Status,
+    WorkerOptions,
     dumps,
     error_report,
     phase,
@@ -41,20 +42,22 @@ _STEP, _RESET, _CLOSE = int(Command.STEP), int(Command.RESET), int(Command.CLOSE
 _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
 
 
-def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w, threads: int | None = 1) -> None:
+def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w, options: WorkerOptions) -> None:
     """Entry point of a worker process: build the envs, attach, serve commands until CLOSE.
 
     ``conn`` carries the handshake and the rare pickled payloads and replies; ``wake_r`` and
     ``done_w`` are the read end of this worker's wake pipe and the write end of the shared
     done pipe (``Connection`` objects, so that every start method can pass them).
-    ``threads``: the libraries' thread pools here (:mod:`shmvec.worker_threads`).
+    ``options``: everything this worker applies, one record (plain values: it is unpickled
+    before the thread pools are capped): ``worker_threads`` now, before the envs are built
+    (:mod:`shmvec.worker_threads`), the rest in the block's :class:`~shmvec.stepper.Stepper`.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the main process owns shutdown
     # Under fork, everything the parent held is inherited, including objects whose destructors
     # talk to threads that did not survive the fork (a Ray or gRPC client waits forever for
     # them). Freezing keeps the garbage collector away from every inherited object.
     gc.freeze()
-    cap_variables(threads)
+    cap_variables(options.worker_threads)
 
     import multiprocessing as mp
 
@@ -62,10 +65,10 @@ def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
 
     stepper = None
     try:
-        attached = _set_up(block, start, env_fns_blob, conn, threads)
+        attached = _set_up(block, start, env_fns_blob, conn, options)
         if attached is None:
             return
-        stepper, views, (layout, _, spin) = attached
+        stepper, views, layout = attached
         conn.send(Ready())
         parent = mp.parent_process()
         _serve(
@@ -77,7 +80,7 @@ def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
             conn,
             wake_r.fileno(),
             done_w.fileno(),
-            spin,
+            options.spin,
             parent.sentinel if parent is not None else None,
             bool(layout.pickled("obs/")),
         )
@@ -89,10 +92,11 @@ def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
         conn.close()
 
 
-def _set_up(block: int, start: int, env_fns_blob: bytes, conn, threads: int | None) -> tuple | None:
-    """Build the envs, report their spaces, attach to the segment: the worker's side of the
-    handshake. Returns the block's stepper, the segment's views and main's :class:`Attach`, or
-    ``None`` when there is nothing to serve (main was told why, or went away).
+def _set_up(block: int, start: int, env_fns_blob: bytes, conn, options: WorkerOptions) -> tuple | None:
+    """Build the envs, report their spaces, attach to the segments: the worker's side of the
+    handshake, the same at start-up and on a restart. Returns the block's stepper, the main
+    segment's views and layout, or ``None`` when there is nothing to serve (main was told why,
+    or went away).
 
     Whatever fails here (a factory that cannot be rebuilt, an env's constructor, spaces that
     cannot be pickled, mapping the segment) reaches main as a :class:`ConstructError` naming
@@ -108,7 +112,7 @@ def _set_up(block: int, start: int, env_fns_blob: bytes, conn, threads: int | No
             conn.send(built)  # an env's constructor raised, or the block's envs disagree
             return None
         envs = built
-        cap_libraries(threads)  # the pools of what the envs imported, or the fork brought along
+        cap_libraries(options.worker_threads)  # the pools of what the envs imported, or the fork brought along
         stage = "handshake"
         conn.send_bytes(Spaces.of(envs[0]).pickled())
         msg = conn.recv()
@@ -116,17 +120,19 @@ def _set_up(block: int, start: int, env_fns_blob: bytes, conn, threads: int | No
             close_all(envs)
             return None
         stage, env_index = "attach", None
-        layout, options, _ = msg
         from multiprocessing.reduction import recv_handle
 
         from shmvec.segment import map_fd
 
+        layout = msg.layout
         views = layout.views(map_fd(recv_handle(conn), layout.size))
         env0 = envs[0]
         stepper = Stepper(
             envs, start, layout, views, options, env0.observation_space, env0.action_space, replies_pickled=True
         )
-        return stepper, views, msg
+        for cmd, extra in msg.attached:  # the segments attached since the start, as their commands map them
+            stepper.run(cmd, (extra, map_fd(recv_handle(conn), extra.size)))
+        return stepper, views, layout
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
         close_all(envs)
         raise

@@ -36,7 +36,8 @@ def test_options_are_resolved_and_frozen():
     assert options.num_workers == 2 and options.batch_size == 4 and options.num_blocks == 2
     assert options.autoreset_mode is gym.vector.AutoresetMode.NEXT_STEP
     assert isinstance(options.torch_threads, int) and options.torch_threads >= 1
-    assert options.for_worker() == P.WorkerOptions(gym.vector.AutoresetMode.NEXT_STEP)
+    worker = options.for_worker(spin="a policy")
+    assert worker == P.WorkerOptions(autoreset_mode="NextStep", worker_threads=1, spin="a policy")
     with pytest.raises(AttributeError):
         options.num_workers = 3  # type: ignore[misc]
 
@@ -118,3 +119,23 @@ def test_on_error_and_check_finite_can_change_while_it_runs():
             envs._session.set_option("num_workers", 2)
     finally:
         envs.close()
+
+
+def test_a_worker_unpickles_its_options_before_numpy_or_gymnasium_loads():
+    """A spawned worker gets its WorkerOptions as it starts, before it caps its thread pools: the
+    record must hold plain values only.
+    """
+    import pickle
+    import subprocess
+    import sys
+
+    from shmvec.sync import spin_policies
+
+    spin, _ = spin_policies(2, 2, 2)
+    blob = pickle.dumps(Options.resolve(4, {"num_workers": 2, "worker_threads": 3}).for_worker(spin))
+    code = (
+        "import pickle, sys; o = pickle.loads(sys.stdin.buffer.read()); "
+        "print(o.worker_threads, o.autoreset_mode, 'numpy' in sys.modules, 'gymnasium' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], input=blob, capture_output=True, check=True).stdout
+    assert out.decode().split() == ["3", "NextStep", "False", "False"]

@@ -65,7 +65,7 @@ def make_stepper(envs: list, mode: AutoresetMode = NEXT, start: int = 0, num_env
     num_envs = start + len(envs) if num_envs is None else num_envs
     layout = Layout.build(env0.observation_space, env0.action_space, num_envs, 2, with_final_obs=mode is SAME)
     views = layout.views(bytearray(layout.size))
-    options = WorkerOptions(autoreset_mode=mode)
+    options = WorkerOptions(autoreset_mode=mode.value)
     return Stepper(envs, start, layout, views, options, env0.observation_space, env0.action_space), views
 
 
