@@ -173,7 +173,7 @@ def train(
     make_vector_env: VectorEnvFactory | None = None,
     num_workers: int | None = None,
     progress: bool = True,
-    torch_threads: int = 1,
+    torch_threads: int | None = None,
     **hyperparams: Any,
 ) -> dict[str, Any]:
     """Train PPO and return statistics of the run.
@@ -193,9 +193,9 @@ def train(
         For the default factory: ``ShmVecEnv``'s ``num_workers``.
     progress : bool
         Print a progress line (rewritten in place) to stderr.
-    torch_threads : int
-        ``torch.set_num_threads``: one thread is fastest for networks this small, and leaves
-        the other cores to the envs.
+    torch_threads : int, optional
+        ``torch.set_num_threads`` if given; ``None`` (the default) leaves torch as users run it
+        (``ShmVecEnv(torch_threads="auto")`` lowers its threads while a rollout is collected).
     **hyperparams
         Fields of :class:`Hyperparams` to override.
 
@@ -213,11 +213,12 @@ def train(
 
 def run(loop: Callable[..., dict[str, Any]], autoreset_mode: AutoresetMode, total_steps: int, num_envs: int,
         seed: int, make_vector_env: Callable[..., Any] | None, num_workers: int | None, progress: bool,
-        torch_threads: int, hyperparams: dict[str, Any]) -> dict[str, Any]:
+        torch_threads: int | None, hyperparams: dict[str, Any]) -> dict[str, Any]:
     """The set-up the PPO examples share: settings, torch threads and seed, the vector env (closed
     at the end), then ``loop(envs, hp, total_steps, num_envs, seed, progress)``."""
     hp = Hyperparams(**hyperparams)
-    torch.set_num_threads(torch_threads)
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
     torch.manual_seed(seed)
     make_vector_env = make_vector_env or shmvec_factory(num_workers)
     envs = make_vector_env([MakeEnv(hp.env_id)] * num_envs, autoreset_mode)

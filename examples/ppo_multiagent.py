@@ -49,7 +49,7 @@ def train(
     *,
     num_workers: int | None = None,
     progress: bool = True,
-    torch_threads: int = 1,
+    torch_threads: int | None = None,
     **hyperparams: Any,
 ) -> dict[str, Any]:
     """Train one policy for every agent and return the run's statistics.
@@ -63,7 +63,8 @@ def train(
     settings = {"env_id": "mpe2 simple_spread_v3", "target_return": -20.0, "num_steps": 50, "return_window": 240,
                 "ent_coef": 0.0, "learning_rate": 1e-3, **hyperparams}  # fmt: skip
     hp = Hyperparams(**settings)
-    torch.set_num_threads(torch_threads)
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
     torch.manual_seed(seed)
     envs = MultiAgentVecEnv([SimpleSpread()] * num_envs, num_workers=num_workers)
     try:

@@ -47,10 +47,11 @@ class TorchPolicy:
     """The agent as a rollout policy: ``obs -> (actions, {"logprob": ..., "value": ...})``.
 
     Picklable (weights included), so a :class:`~shmvec.ray.RayVecEnv` can ship it to its
-    actors; there it limits torch to ``threads`` threads, leaving the cores to the envs.
+    actors; there it sets torch's threads to ``threads``, if given (``None``: torch's default,
+    which each actor's vector env lowers while its rollout is collected).
     """
 
-    def __init__(self, agent: Agent, threads: int = 1) -> None:
+    def __init__(self, agent: Agent, threads: int | None = None) -> None:
         self.agent = agent
         self.threads = threads
 
@@ -65,7 +66,8 @@ class TorchPolicy:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        torch.set_num_threads(self.threads)  # unpickled in another process: an actor
+        if self.threads is not None:  # unpickled in another process: an actor
+            torch.set_num_threads(self.threads)
 
 
 def train(
@@ -76,7 +78,7 @@ def train(
     make_vector_env: RolloutEnvFactory | None = None,
     num_workers: int | None = None,
     progress: bool = True,
-    torch_threads: int = 1,
+    torch_threads: int | None = None,
     **hyperparams: Any,
 ) -> dict[str, Any]:
     """Train PPO from rollouts and return statistics of the run.

@@ -32,7 +32,7 @@ def train(
     vec_env_kwargs: dict[str, Any] | None = None,
     eval_episodes: int = 10,
     verbose: int = 0,
-    torch_threads: int = 1,
+    torch_threads: int | None = None,
 ) -> dict[str, Any]:
     """Train SB3's PPO on CartPole-v1 with ``vec_env_cls`` and return statistics.
 
@@ -48,8 +48,9 @@ def train(
         Episodes of the deterministic policy evaluated at the end (0: none).
     verbose : int
         SB3's verbosity (1 prints its training tables).
-    torch_threads : int
-        ``torch.set_num_threads``; one is fastest for this small network.
+    torch_threads : int, optional
+        ``torch.set_num_threads`` if given; ``None`` (the default) leaves torch as users run it
+        (``shmvec.sb3.SubprocVecEnv`` lowers its threads while a rollout is collected).
 
     Returns
     -------
@@ -58,7 +59,8 @@ def train(
         ``steps_per_s``, ``train_return`` (mean of the last 100 training episodes, SB3's
         ``ep_rew_mean``), ``eval_return`` and ``eval_std``.
     """
-    torch.set_num_threads(torch_threads)
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
     start = time.perf_counter()
     venv = make_vec_env("CartPole-v1", n_envs=num_envs, seed=seed, vec_env_cls=vec_env_cls,
                         vec_env_kwargs=vec_env_kwargs)  # fmt: skip

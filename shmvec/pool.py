@@ -108,7 +108,7 @@ class MainBlock:
         try:
             self.result = stepper.run(cmd, payload, arg), None
         except Exception as exc:
-            report = P.error_report(exc, self.index, stepper.current, P.phase(cmd))
+            report = P.error_report(exc, self.index, stepper.current, P.phase(cmd), cmd)
             report["worker_index"] = None  # no worker: the calling process stepped it
             self.result = None, WorkerError(report)
 

@@ -250,14 +250,19 @@ class Ready(NamedTuple):
     """Worker -> main: attached; commands may start."""
 
 
-def error_report(exc: BaseException, block: int, env_index: int | None, phase: str) -> dict[str, Any]:
+def error_report(
+    exc: BaseException, block: int, env_index: int | None, phase: str, command: int | None = None
+) -> dict[str, Any]:
     """A picklable description of an exception raised while block ``block`` ran its envs
-    (``worker_index``: worker ``k`` steps block ``k``; the calling process's block overrides it).
+    (``worker_index``: worker ``k`` steps block ``k``; the calling process's block overrides it),
+    during ``phase`` (a command's name, or a stage of the start-up), and the ``command`` code
+    it ran (``None`` during the start-up): what code reads, where the phase is for people.
     """
     return {
         "worker_index": block,
         "env_index": env_index,
         "phase": phase,
+        "command": command,
         "exc_type": type(exc).__name__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(exc)),

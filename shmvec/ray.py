@@ -48,8 +48,12 @@ from shmvec.errors import ActorDied, ShmVecError, StepTimeout, WorkerError
 from shmvec.infos import concat_infos
 from shmvec.lifecycle import Lifecycle, refuse
 from shmvec.options import passed_on
-from shmvec.protocol import Spaces
+from shmvec.protocol import Command, Spaces
 from shmvec.tree import assemble, flatten, space_leaves
+
+# The commands that step or reset the envs: an env's failure there leaves them out of step with
+# the other actors' (read from a report's command code), so the vector env closes.
+_STEPPING = {Command.STEP, Command.RESET, Command.ROLLOUT_STEP}
 
 __all__ = ["EnvHost", "RayVecEnv"]
 
@@ -284,7 +288,7 @@ class RayVecEnv(VectorEnv):
             if report["env_index"] is not None:
                 report["env_index"] += self.blocks[k].start
             report["phase"] = f"{report['phase']} in Ray actor {k} on node {self._info[k]['node_ip']}"
-            if closes_on_error or report["phase"].startswith(("step", "reset", "rollout")):
+            if closes_on_error or report["command"] in _STEPPING:
                 self.close()
             raise WorkerError(report) from None
         except BaseException:

@@ -237,7 +237,7 @@ def _execute(
             return _OK, b""
         return _REPLY, dumps(reply)
     except BaseException as exc:
-        report = error_report(exc, block, envs.current, phase(cmd))
+        report = error_report(exc, block, envs.current, phase(cmd), cmd)
         try:
             return _ERROR, dumps(report)
         except Exception:  # the exception itself does not pickle: its report still does
