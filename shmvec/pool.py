@@ -26,6 +26,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode
 
 from shmvec import protocol as P
+from shmvec.barrier import fence
 from shmvec.blocks import split
 from shmvec.checks import usable_cores
 from shmvec.errors import ClosedError, PayloadError, StepTimeout, WorkerDied, WorkerError
@@ -36,7 +37,7 @@ from shmvec.options import Options
 from shmvec.protocol import DONE, Command, Status
 from shmvec.segment import Segment
 from shmvec.stepper import Stepper, close_all
-from shmvec.sync import block_until, fence, ring, spin_policies, spin_until
+from shmvec.sync import block_until, ring, spin_policies, spin_until
 
 # Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
 SENTINEL_CHECK_S = 0.02
@@ -341,11 +342,11 @@ class WorkerPool:
                 submitted[block] = now
                 commands[block] = cmd
                 states[block] = state
-            fence()
+            fence()  # ordering [GO]: the actions and the command words before GO
             for block in block_ids:
                 lines[block][P.GO] = seq
             self._all_seq = seq if len(block_ids) == len(self.worker_blocks) else None
-            fence()
+            fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
             wake_fds = self.workers.wake_fds
             for block in block_ids:
                 if lines[block][P.SLEEPING]:
@@ -399,6 +400,7 @@ class WorkerPool:
             flying = sorted(sorted(flying, key=lambda b: (target[b], b))[:count])
         failures = self.wait(flying, count, self.timeout)
         ready = [block for block in flying if self._finished(block)]  # in block order
+        fence()  # ordering [DONE]: this scan may see blocks the wait did not (finished since)
         if failures:
             ready = sorted(set(ready) | set(failures))
         if len(ready) > count:
@@ -466,7 +468,7 @@ class WorkerPool:
         every_worker = count >= len(block_ids) == len(self.worker_blocks) and self._all_seq is not None
         if every_worker and spin_until(self._all_done, policy):
             policy.update(time.perf_counter() - t0)
-            fence()
+            fence()  # ordering [DONE]: DONE seen before the results are read
             return
         lines, target = self.lines, self._target
 
@@ -479,7 +481,7 @@ class WorkerPool:
 
         if not every_worker and spin_until(ready, policy):
             policy.update(time.perf_counter() - t0)
-            fence()
+            fence()  # ordering [DONE]
             return
         submitted, procs = self._submitted, self.workers.procs
         while True:
@@ -497,7 +499,7 @@ class WorkerPool:
             if ready():
                 break
         policy.update(time.perf_counter() - t0)
-        fence()
+        fence()  # ordering [DONE]
 
     def _check_late(self, block_ids: list[int], failures: Failures, now: float) -> None:
         """Add to ``failures`` the worker blocks among ``block_ids`` still out whose worker died

@@ -7,8 +7,9 @@ often enough to a process with work, so every wait spins for a bounded budget (`
 and then blocks on a pipe; the side that completes a wait
 writes a wake byte only when the waiter has announced (``SLEEPING``) that it is blocking.
 
-The announce/check handshake is Dekker's: each side stores its word, issues a full fence, then
-loads the other side's word, so at least one of them sees the other. Every block also has a
+The announce/check handshake is Dekker's: each side stores its word, issues a full barrier
+(:func:`shmvec.barrier.fence`; ``docs/architecture.md``, "Memory ordering", [SLEEP]), then loads
+the other side's word, so at least one of them sees the other. Every block also has a
 short timeout after which the words are checked again, so even a lost wake-up costs latency,
 never a hang.
 """
@@ -17,23 +18,11 @@ from __future__ import annotations
 
 import os
 import select
-import threading
 import time
 from collections.abc import Callable
 
+from shmvec.barrier import fence
 from shmvec.protocol import SLEEPING
-
-_fence_lock = threading.Lock()
-
-
-def fence() -> None:
-    """A full memory barrier.
-
-    An uncontended lock acquire/release runs an atomic read-modify-write instruction
-    (``lock cmpxchg`` on x86), which orders every earlier store before every later load.
-    """
-    _fence_lock.acquire()
-    _fence_lock.release()
 
 
 def ring(fd: int) -> None:
@@ -152,7 +141,7 @@ def block_until(
     try:
         while True:
             ctrl_line[SLEEPING] = 1
-            fence()
+            fence()  # ordering [SLEEP]: SLEEPING before the word waited on is read
             if done():
                 return []
             wait = poll_interval

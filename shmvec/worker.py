@@ -162,7 +162,8 @@ def _serve(
     """
     import time
 
-    from shmvec.sync import block_until, fence, ring, spin_until
+    from shmvec.barrier import fence
+    from shmvec.sync import block_until, ring, spin_until
 
     mine, main_line = lines[block], lines[-1]
     watch = [parent_sentinel] if parent_sentinel is not None else []
@@ -190,7 +191,7 @@ def _serve(
                     return  # the main process died: exit quietly
         t1 = clock()
         policy.update(t1 - t0)
-        fence()
+        fence()  # ordering [GO]: GO seen before the command words and the actions are read
         seq = int(mine[GO])
         cmd = int(mine[CMD])
         arg = int(mine[ARG])
@@ -204,9 +205,9 @@ def _serve(
                 replies[:size] = reply
             mine[REPLY_LEN] = -1 if piped else size
         mine[STATUS] = status
-        fence()
+        fence()  # ordering [DONE]: the results, the reply and STATUS (and the actions' reads) before DONE
         mine[DONE] = seq
-        fence()
+        fence()  # ordering [SLEEP]: DONE before reading main's SLEEPING
         if main_line[SLEEPING]:
             ring(done_w)
         if piped:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from shmvec.protocol import SLEEPING
-from shmvec.sync import SpinPolicy, block_until, drain, fence, ring, spin_policies, spin_until
+from shmvec.barrier import fence
+from shmvec.sync import SpinPolicy, block_until, drain, ring, spin_policies, spin_until
 
 # Words of the control line other than SLEEPING get these values; block_until must not touch them.
 OTHER_WORDS = {i: 100 + i for i in range(8) if i != SLEEPING}

@@ -1,0 +1,80 @@
+"""The full memory barrier (shmvec.barrier): the instruction it compiles to on each target, and
+the compiled barrier running the handoff (docs/architecture.md, "Memory ordering")."""
+
+import os
+import platform
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from shmvec import barrier
+
+
+def instructions(triple: str) -> list[str]:
+    """The mnemonics of the barrier's body compiled for ``triple``."""
+    asm = barrier.assembly(triple)
+    body = asm.split("shmvec_fence:")[1].split(".Lfunc_end0")[0]
+    return [line.split()[0] for line in body.splitlines() if line.strip() and not line.strip().startswith((".", "#"))]
+
+
+def test_the_barrier_is_dmb_ish_on_aarch64():
+    assert instructions("aarch64-unknown-linux-gnu") == ["dmb", "ret"]
+    assert re.search(r"\bdmb\s+ish\b", barrier.assembly("aarch64-apple-macosx14.0.0"))  # Apple Silicon alike
+
+
+def test_the_barrier_is_a_locked_instruction_on_x86_64():
+    asm = barrier.assembly("x86_64-unknown-linux-gnu")
+    assert re.search(r"\block\b", asm) or "mfence" in asm  # a full barrier on x86-64 either way
+
+
+def test_this_machine_runs_the_barrier_its_order_needs():
+    strong = platform.machine().lower() in barrier.STRONGLY_ORDERED
+    if "SHMVEC_FENCE" not in os.environ:
+        assert barrier.KIND == ("lock" if strong else "compiled")
+    barrier.fence()  # callable, returns
+
+
+def test_a_bad_override_is_refused():
+    code = "import shmvec.barrier"
+    env = {**os.environ, "SHMVEC_FENCE": "none"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode != 0 and "SHMVEC_FENCE must be 'lock' or 'compiled'" in result.stderr
+
+
+def test_the_compiled_barrier_runs_the_handoff():
+    """The barrier a weakly ordered machine runs, here: a vector env whose processes all use it
+    steps and collects bit-identically to Gymnasium's SyncVectorEnv, sync and async.
+    """
+    code = textwrap.dedent(
+        """
+        import gymnasium as gym, numpy as np, shmvec
+        from shmvec import barrier
+        assert barrier.KIND == "compiled"
+        for context in ("fork", "spawn"):
+            ref = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 4)
+            envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2, context=context)
+            a, _ = envs.reset(seed=3)
+            b, _ = ref.reset(seed=3)
+            assert (a == b).all()
+            rng = np.random.default_rng(0)
+            for _ in range(300):
+                act = rng.integers(0, 2, 4)
+                got, want = envs.step(act), ref.step(act)
+                for x, y in zip(got[:4], want[:4]):
+                    assert (x == y).all()
+            envs.close(), ref.close()
+        envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2, batch_size=2)
+        envs.async_reset(seed=0)
+        for _ in range(200):
+            obs, *_, ids = envs.recv()
+            envs.send(np.zeros(2, dtype=np.int64), ids)
+        envs.close()
+        print("ok")
+        """
+    )
+    env = {**os.environ, "SHMVEC_FENCE": "compiled"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
