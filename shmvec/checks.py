@@ -16,11 +16,17 @@ __all__ = ["env_factories", "parse_autoreset_mode", "positive_int", "seeds_per_e
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """Cores this process may run on: its affinity mask where the OS has one
+    (``os.process_cpu_count`` from Python 3.13, ``os.sched_getaffinity`` on Linux), else every
+    core of the machine (``os.cpu_count``: macOS, Windows before 3.13).
+    """
+    process_cpu_count = getattr(os, "process_cpu_count", None)
+    if process_cpu_count is not None:
+        return process_cpu_count() or 1
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return len(affinity(0))
+    return os.cpu_count() or 1
 
 
 def env_factories(env_fns: Sequence[Callable[[], Any]], owner: str) -> list[Callable[[], Any]]:

@@ -16,7 +16,6 @@ Gymnasium API: it runs protocol commands and returns replies.
 from __future__ import annotations
 
 import pickle
-import select
 import time
 from collections.abc import Callable, Sequence
 from enum import Enum
@@ -37,7 +36,7 @@ from shmvec.options import Options
 from shmvec.protocol import DONE, Command, Status
 from shmvec.segment import Segment
 from shmvec.stepper import Stepper, close_all
-from shmvec.sync import block_until, ring, spin_policies, spin_until
+from shmvec.sync import block_until, readable, ring, spin_policies, spin_until
 
 # Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
 SENTINEL_CHECK_S = 0.02
@@ -515,7 +514,7 @@ class WorkerPool:
         lines, target, procs = self.lines, self._target, self.workers.procs
         late = [b for b in block_ids if lines[b][DONE] != target[b] and b not in failures]
         if late:
-            dead, _, _ = select.select([procs[b].sentinel for b in late], [], [], 0)
+            dead = readable([procs[b].sentinel for b in late], 0)
             self._lost(late, dead, now, self.timeout, failures)
 
     def _lost(

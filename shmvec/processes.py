@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from shmvec import protocol as P
 from shmvec.errors import StepTimeout, WorkerDied, WorkerError
+from shmvec.registrations import carried
 from shmvec.worker import worker_main
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ class WorkerProcesses:
     Parameters
     ----------
     env_fns : sequence of callables returning ``gymnasium.Env``
-        Every env's factory; worker ``block`` gets ``env_fns[block_envs[block]]``, pickled here.
+        Every env's factory; worker ``block`` gets ``env_fns[block_envs[block]]``, pickled here
+        (with the registrations it may lack, :mod:`shmvec.registrations`, unless forked).
     block_envs : list of range
         The envs of each block served by a worker.
     context : str or None
@@ -64,15 +66,17 @@ class WorkerProcesses:
     ) -> None:
         import cloudpickle
 
-        self._blobs: list[bytes] = []
-        for envs in block_envs:
-            try:
-                self._blobs.append(cloudpickle.dumps(list(env_fns[envs.start : envs.stop])))
-            except Exception as exc:
-                raise TypeError(f"env_fns[{envs.start}:{envs.stop}] cannot be pickled for the workers: {exc}") from exc
         # The stubs type get_context(str) as BaseContext, which lacks Process: it is one of these.
         self._ctx = cast("DefaultContext | ForkContext | ForkServerContext | SpawnContext", mp.get_context(context))
         self.context: str = self._ctx.get_start_method()
+        # A worker that is not forked lacks the envs registered in the user's main module.
+        specs = carried() if self.context != "fork" else []
+        self._blobs: list[bytes] = []
+        for envs in block_envs:
+            try:
+                self._blobs.append(cloudpickle.dumps((specs, list(env_fns[envs.start : envs.stop]))))
+            except Exception as exc:
+                raise TypeError(f"env_fns[{envs.start}:{envs.stop}] cannot be pickled for the workers: {exc}") from exc
         self.block_envs = block_envs
         self.options = options
         count = len(block_envs)

@@ -14,6 +14,17 @@ from typing import Any
 PREFIX = "shmvec_"
 
 
+# The longest POSIX shared-memory name macOS takes, its leading slash included (PSHMNAMLEN).
+MAX_NAME = 31
+
+
+def segment_name(pid: int) -> str:
+    """A new segment's name: ``shmvec_<pid>_<12 hex digits>``, 28 bytes with its leading slash
+    for a 7-digit pid (Linux's largest), within macOS's limit of :data:`MAX_NAME`.
+    """
+    return f"{PREFIX}{pid}_{secrets.token_hex(6)}"
+
+
 def create(size: int) -> tuple[int, mmap.mmap]:
     """A new segment of ``size`` bytes: ``(fd, mapping)``; its name is already gone.
 
@@ -24,7 +35,7 @@ def create(size: int) -> tuple[int, mmap.mmap]:
     """
     from multiprocessing import shared_memory
 
-    name = f"{PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
+    name = segment_name(os.getpid())
     shm = shared_memory.SharedMemory(name=name, create=True, size=size)
     try:
         fd = os.dup(shm._fd)  # type: ignore[attr-defined]  # the only way to its descriptor before 3.13

@@ -102,6 +102,18 @@ def spin_policies(
     )
 
 
+def readable(fds: list[int], timeout: float | None) -> list[int]:
+    """The descriptors of ``fds`` (wake pipes, process sentinels) readable within ``timeout``
+    seconds (0: a look, no wait; ``None``: no limit).
+
+    The one call in which the shared-memory path blocks: POSIX ``select`` over pipes and
+    sentinels. A Windows port replaces this function (``multiprocessing.connection.wait`` over
+    handles: ``select`` there takes sockets only); ``docs/architecture.md``, "Platforms".
+    """
+    ready, _, _ = select.select(fds, [], [], timeout)
+    return ready
+
+
 def spin_until(done: Callable[[], bool], policy: SpinPolicy) -> bool:
     """Spin on ``done()`` for at most the policy's budget; return whether it became true."""
     if done():
@@ -149,7 +161,7 @@ def block_until(
                 wait = min(wait, deadline - time.monotonic())
                 if wait <= 0:
                     raise TimeoutError
-            ready, _, _ = select.select(fds, [], [], wait)
+            ready = readable(fds, wait)
             ctrl_line[SLEEPING] = 0
             if wake_fd in ready:
                 drain(wake_fd)

@@ -107,7 +107,11 @@ def _set_up(block: int, start: int, env_fns_blob: bytes, conn, options: WorkerOp
     stage, envs = "construct", []
     env_index: int | None = start
     try:
-        built = build_envs(cloudpickle.loads(env_fns_blob), start, block)
+        from shmvec.registrations import register_missing
+
+        specs, env_fns = cloudpickle.loads(env_fns_blob)
+        register_missing(specs)  # the envs registered in the user's main module, under spawn
+        built = build_envs(env_fns, start, block)
         if not isinstance(built, list):
             conn.send(built)  # an env's constructor raised, or the block's envs disagree
             return None

@@ -7,6 +7,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import macos_profile  # noqa: E402,F401  (SHMVEC_TEST_PROFILE=macos: applied before shmvec loads)
+
 
 def shm_entries() -> set[str]:
     # Only this process's segments: other test runs on the machine may hold theirs.

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "shmvec"
 # Each module of the core, by side; a module may import from its own side and the sides before it.
 SIDES = {
     "wire": ["protocol", "layout", "segment", "barrier", "sync", "tree", "blocks", "errors"],
-    "worker": ["worker", "stepper", "worker_threads", "snapshot", "info_columns"],
+    "worker": ["worker", "stepper", "worker_threads", "snapshot", "info_columns", "registrations"],
     "engine": [
         "checks", "options", "lifecycle", "processes", "joining", "pool", "session", "results", "infos", "actions",
         "async_batches", "torch_threads", "rollout_storage", "step_hooks", "cpu_counters",
