@@ -1,0 +1,164 @@
+"""The calling process's work per synchronous round, against the number of worker blocks.
+
+    .venv/bin/python benchmarks/caller_cost.py                         # the table, 1..64 workers
+    .venv/bin/python benchmarks/caller_cost.py --workers 2,16 --obs none --rounds 500 --no-instructions
+
+Past a few cores, what caps a vector env is the caller's serial work per round: it writes each
+block's command words, wakes the sleepers, waits, and reads each block's status, then copies
+the observations out (``copy=True``). Each cell is a ``ShmVecEnv`` of ``W`` do-nothing envs
+(``SyntheticEnv(step_us=0)``), one per worker, waits that block at once (``spin_us=0``: a
+spinning caller's CPU would measure idle time), and either a small observation (``none``: 8
+float32) or a Pong frame (``pong``: 210 x 160 x 3 uint8). Per round it reports:
+
+- ``cpu_us``: the calling thread's CPU time (``time.thread_time``);
+- ``instructions``: the calling process's instructions under callgrind (its workers run
+  natively, uncounted), the difference of two runs, start-up cancelled out;
+- ``dispatch_us``, ``wait_us``, ``collect_us``: its wall time, split at ``WorkerPool.submit``
+  and ``WorkerPool.wait`` (``collect``: everything after the wait: statuses, infos, results);
+- ``copy_us``: the part of ``collect`` spent copying the results out (``copy=True``).
+
+Figures vary with the machine: a ratio between cells of one run is what to read (the caller's
+CPU at W workers over its CPU at 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+OBS = {"none": ((8,), "float32"), "pong": ((210, 160, 3), "uint8")}
+WARMUP = 100
+_COUNT = re.compile(r"Collected\s*:\s*(\d+)")
+
+
+def build(workers: int, obs: str):
+    import shmvec
+    from shmvec.envs import SyntheticEnv
+
+    shape, dtype = OBS[obs]
+    fns = [lambda: SyntheticEnv(obs_shape=shape, obs_dtype=dtype, step_us=0)] * workers
+    return shmvec.ShmVecEnv(fns, num_workers=workers, spin_us=0.0, warn_slow_loop=False)
+
+
+def timed(envs, rounds: int) -> dict[str, float]:
+    """Per-round figures of ``rounds`` steps: CPU, and the wall split at the pool's phases."""
+    session = envs._session
+    pool, results = session.pool, session.results
+    spent = {"dispatch": 0.0, "wait": 0.0, "copy": 0.0}
+
+    def clocked(name, method):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t
+
+        return run
+
+    pool.submit = clocked("dispatch", pool.submit)
+    pool.wait = clocked("wait", pool.wait)
+    results.step = clocked("copy", results.step)
+    actions = np.zeros((envs.num_envs, 1), dtype=np.float32)
+    envs.reset(seed=0)
+    for _ in range(WARMUP):
+        envs.step(actions)
+    spent.update(dispatch=0.0, wait=0.0, copy=0.0)
+    wall0, cpu0 = time.perf_counter(), time.thread_time()
+    for _ in range(rounds):
+        envs.step(actions)
+    wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
+    per = 1e6 / rounds
+    return {
+        "cpu_us": cpu * per,
+        "wall_us": wall * per,
+        "dispatch_us": spent["dispatch"] * per,
+        "wait_us": spent["wait"] * per,
+        "collect_us": (wall - spent["dispatch"] - spent["wait"]) * per,
+        "copy_us": spent["copy"] * per,
+    }
+
+
+def child(workers: int, obs: str, rounds: int) -> None:
+    """Under callgrind: build, warm up, step ``rounds`` times, close."""
+    envs = build(workers, obs)
+    try:
+        actions = np.zeros((workers, 1), dtype=np.float32)
+        envs.reset(seed=0)
+        for _ in range(WARMUP + rounds):
+            envs.step(actions)
+    finally:
+        envs.close()
+
+
+def instructions(workers: int, obs: str, rounds: int) -> float:
+    """The calling process's instructions per round (callgrind; its workers are not traced)."""
+
+    def run(n: int) -> int:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--trace-children=no",
+               sys.executable, __file__, "--child", str(workers), obs, str(n)]  # fmt: skip
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        found = _COUNT.findall(out.stderr)
+        if out.returncode != 0 or len(found) != 1:
+            raise RuntimeError(f"callgrind run failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
+        return int(found[0])
+
+    return (run(1 + rounds) - run(1)) / rounds
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", default="1,2,4,8,16,32,64", help="comma-separated worker counts")
+    parser.add_argument("--obs", default="none,pong", help=f"comma-separated, from {list(OBS)}")
+    parser.add_argument("--rounds", type=int, default=2000, help="timed rounds per cell (default 2000)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell, the median kept (default 3)")
+    parser.add_argument("--instruction-rounds", type=int, default=300, help="rounds counted under callgrind")
+    parser.add_argument("--no-instructions", action="store_true", help="skip the callgrind counts")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--child", nargs=3, metavar=("WORKERS", "OBS", "ROUNDS"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(int(args.child[0]), args.child[1], int(args.child[2]))
+        return []
+    counting = not args.no_instructions and shutil.which("valgrind") is not None
+    rows = []
+    for obs in args.obs.split(","):
+        for workers in [int(w) for w in args.workers.split(",")]:
+            with build(workers, obs) as envs:
+                runs = [timed(envs, args.rounds) for _ in range(args.repeats)]
+            row = {"obs": obs, "workers": workers}
+            for key in runs[0]:
+                row[key] = float(np.median([r[key] for r in runs]))
+            if counting:
+                row["instructions"] = instructions(workers, obs, args.instruction_rounds)
+            rows.append(row)
+            print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+    print_table(rows)
+    if args.json:
+        from shmvec.bench.output import write_study
+
+        write_study(args.json, rows)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    keys = ["cpu_us", "instructions", "dispatch_us", "wait_us", "collect_us", "copy_us", "wall_us"]
+    keys = [k for k in keys if k in rows[0]]
+    print("\n| obs | workers | " + " | ".join(keys) + " | cpu / cpu at 2 |")
+    print("|---|---:|" + "---:|" * (len(keys) + 1))
+    for row in rows:
+        base = next((r for r in rows if r["obs"] == row["obs"] and r["workers"] == 2), None)
+        ratio = f"{row['cpu_us'] / base['cpu_us']:.2f}x" if base else "-"
+        cells = [f"{row[k]:,.0f}" if k == "instructions" else f"{row[k]:.1f}" for k in keys]
+        print(f"| {row['obs']} | {row['workers']} | " + " | ".join(cells) + f" | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
