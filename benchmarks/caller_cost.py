@@ -11,8 +11,8 @@ spinning caller's CPU would measure idle time), and either a small observation (
 float32) or a Pong frame (``pong``: 210 x 160 x 3 uint8). Per round it reports:
 
 - ``cpu_us``: the calling thread's CPU time (``time.thread_time``);
-- ``instructions``: the calling process's instructions under callgrind (its workers run
-  natively, uncounted), the difference of two runs, start-up cancelled out;
+- ``instructions``: the calling process's instructions under callgrind (its workers' own
+  counts left out), the difference of two runs, start-up cancelled out;
 - ``dispatch_us``, ``wait_us``, ``collect_us``: its wall time, split at ``WorkerPool.submit``
   and ``WorkerPool.wait`` (``collect``: everything after the wait: statuses, infos, results);
 - ``copy_us``: the part of ``collect`` spent copying the results out (``copy=True``).
@@ -35,7 +35,8 @@ import numpy as np
 
 OBS = {"none": ((8,), "float32"), "pong": ((210, 160, 3), "uint8")}
 WARMUP = 100
-_COUNT = re.compile(r"Collected\s*:\s*(\d+)")
+_COUNT = re.compile(r"==(\d+)== Collected\s*:\s*(\d+)")
+_FIRST = re.compile(r"==(\d+)==")
 
 
 def build(workers: int, obs: str):
@@ -66,7 +67,7 @@ def timed(envs, rounds: int) -> dict[str, float]:
     pool.submit = clocked("dispatch", pool.submit)
     pool.wait = clocked("wait", pool.wait)
     results.step = clocked("copy", results.step)
-    actions = np.zeros((envs.num_envs, 1), dtype=np.float32)
+    actions = envs.action_space.sample() * 0
     envs.reset(seed=0)
     for _ in range(WARMUP):
         envs.step(actions)
@@ -90,7 +91,7 @@ def child(workers: int, obs: str, rounds: int) -> None:
     """Under callgrind: build, warm up, step ``rounds`` times, close."""
     envs = build(workers, obs)
     try:
-        actions = np.zeros((workers, 1), dtype=np.float32)
+        actions = envs.action_space.sample() * 0
         envs.reset(seed=0)
         for _ in range(WARMUP + rounds):
             envs.step(actions)
@@ -99,16 +100,19 @@ def child(workers: int, obs: str, rounds: int) -> None:
 
 
 def instructions(workers: int, obs: str, rounds: int) -> float:
-    """The calling process's instructions per round (callgrind; its workers are not traced)."""
+    """The calling process's instructions per round (callgrind; forked workers stay under it
+    and report their own counts, left out here: the caller's is the one of the first pid).
+    """
 
     def run(n: int) -> int:
-        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--trace-children=no",
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
                sys.executable, __file__, "--child", str(workers), obs, str(n)]  # fmt: skip
         out = subprocess.run(cmd, capture_output=True, text=True)
-        found = _COUNT.findall(out.stderr)
-        if out.returncode != 0 or len(found) != 1:
+        first = _FIRST.search(out.stderr)
+        found = {pid: int(n) for pid, n in _COUNT.findall(out.stderr)}
+        if out.returncode != 0 or first is None or first.group(1) not in found:
             raise RuntimeError(f"callgrind run failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
-        return int(found[0])
+        return found[first.group(1)]
 
     return (run(1 + rounds) - run(1)) / rounds
 

@@ -175,7 +175,8 @@ class WorkerPool:
         self.commands: list[int] = [0] * num_blocks
         self._submitted = [0.0] * num_blocks
         self._all_seq: int | None = None  # set while every worker block's target is this one number
-        self._all_done: Callable[[], bool] = lambda: False  # see _set_up
+        self._all_done: Callable[[], bool] = lambda: False  # see _lay_out
+        self._next_done = 0  # the first worker block all_done() has not seen done this round
 
         self.joining = Joining(
             env_fns, self.blocks, self.main_index, options.for_worker(worker_spin), options.context, self.timeout
@@ -212,12 +213,15 @@ class WorkerPool:
         self.replies = [memoryview(row) for row in self.views["replies"]]
         worker_lines = self.lines[: len(self.worker_blocks)]
 
+        count = len(worker_lines)
+
         def all_done() -> bool:  # every worker block reached _all_seq (what a sync round waits for)
-            seq = self._all_seq
-            for line in worker_lines:
-                if line[DONE] != seq:
-                    return False
-            return True
+            # Each block's DONE is read until it is seen done, then never again this round.
+            seq, i = self._all_seq, self._next_done
+            while i < count and worker_lines[i][DONE] == seq:
+                i += 1
+            self._next_done = i
+            return i == count
 
         self._all_done = all_done
         return Segments(segment, self.attached)
@@ -331,35 +335,58 @@ class WorkerPool:
         seq = self.seq = self.seq + 1
         target, commands, states = self._target, self.commands, self.states
         if block_ids:
-            lines, submitted, now = self.lines, self._submitted, time.perf_counter()
+            submitted, now = self._submitted, time.perf_counter()
             for block in block_ids:
-                line = lines[block]
-                line[P.CMD] = cmd
-                line[P.ARG] = arg
-                line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
                 target[block] = seq
                 submitted[block] = now
                 commands[block] = cmd
                 states[block] = state
-            fence()  # ordering [GO]: the actions and the command words before GO
-            for block in block_ids:
-                lines[block][P.GO] = seq
-            self._all_seq = seq if len(block_ids) == len(self.worker_blocks) else None
-            fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
-            wake_fds = self.workers.wake_fds
-            for block in block_ids:
-                if lines[block][P.SLEEPING]:
-                    ring(wake_fds[block])
-            if blobs is not None:
-                for block in block_ids:
-                    if block in blobs:
-                        self.workers.send(block, blobs[block], fd)
+            every = len(block_ids) == len(self.worker_blocks)
+            self._all_seq, self._next_done = (seq if every else None), 0
+            if every and payloads is None and fd is None:
+                self._post_broadcast(cmd, arg, seq)
+            else:
+                self._post(cmd, arg, seq, block_ids, payloads)
+                if blobs is not None:
+                    for block in block_ids:
+                        if block in blobs:
+                            self.workers.send(block, blobs[block], fd)
         if main is not None:
             # Run in wait(): the main process steps its block while it would otherwise wait
             # for the workers, and only then, so it keeps handing out their batches first.
             m = main.index
             target[m], commands[m], states[m] = seq, cmd, state
             main.pending = (cmd, None if payloads is None else payloads[m], arg)
+
+    def _post_broadcast(self, cmd: int, arg: int, seq: int) -> None:
+        """Post ``cmd`` to every worker at once, on main's line, with one wake-up (worker 0's; the
+        workers relay the others down a tree, ``protocol.relay_children``).
+        """
+        main_line = self.main_line
+        main_line[P.CMD] = cmd
+        main_line[P.ARG] = arg
+        fence()  # ordering [GO]: the actions and the command words before the broadcast GO
+        main_line[P.GO] = seq
+        fence()  # ordering [SLEEP]: the broadcast GO before reading worker 0's SLEEPING
+        if self.lines[0][P.SLEEPING]:
+            ring(self.workers.wake_fds[0])
+
+    def _post(self, cmd: int, arg: int, seq: int, block_ids: list[int], payloads: list | None) -> None:
+        """Post ``cmd`` on the lines of ``block_ids``, and wake those that sleep."""
+        lines = self.lines
+        for block in block_ids:
+            line = lines[block]
+            line[P.CMD] = cmd
+            line[P.ARG] = arg
+            line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
+        fence()  # ordering [GO]: the actions and the command words before GO
+        for block in block_ids:
+            lines[block][P.GO] = seq
+        fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
+        wake_fds = self.workers.wake_fds
+        for block in block_ids:
+            if lines[block][P.SLEEPING]:
+                ring(wake_fds[block])
 
     def _action_payloads(self, block_ids: list[int]) -> list[dict[str, np.ndarray] | None]:
         """Each worker block's slice of the pickled action regions (``None`` for other blocks)."""
@@ -484,21 +511,41 @@ class WorkerPool:
             return
         submitted, procs = self._submitted, self.workers.procs
         while True:
-            watch = [b for b in block_ids if b not in failures and lines[b][DONE] != target[b]]
+            # Waiting for every worker, main names the first one not done, and watches that one
+            # alone: only it rings, and main reaches each block in turn (a later one that died
+            # or hangs is found when named).
+            named = every_worker and not failures
+            if named:
+                if self._all_done():
+                    break
+                watch = [self.worker_blocks[self._next_done]]
+            else:
+                watch = [b for b in block_ids if b not in failures and lines[b][DONE] != target[b]]
             remaining = None
             if timeout is not None and watch:  # each block's timeout counts from its submission
                 remaining = max(0.0, min(submitted[b] for b in watch) + timeout - time.perf_counter())
             try:
                 dead = block_until(
-                    ready, self.main_line, self.workers.done_fd, [procs[b].sentinel for b in watch], remaining
+                    self._all_done if named else ready,
+                    self.main_line,
+                    self.workers.done_fd,
+                    [procs[b].sentinel for b in watch],
+                    remaining,
+                    announce=self._first_not_done if named else -1,
                 )
             except TimeoutError:
                 dead = []
             self._lost(watch, dead, time.perf_counter(), timeout, failures)
-            if ready():
+            if self._all_done() if every_worker and not failures else ready():
                 break
         policy.update(time.perf_counter() - t0)
         fence()  # ordering [DONE]
+
+    def _first_not_done(self) -> int:
+        """Main's ``SLEEPING`` while it waits for every worker: ``k + 1``, ``k`` the first worker
+        block it has not seen done.
+        """
+        return self._next_done + 1
 
     def _check_late(self, block_ids: list[int], failures: Failures, now: float) -> None:
         """Add to ``failures`` the worker blocks among ``block_ids`` still out whose worker died

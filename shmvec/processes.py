@@ -82,8 +82,15 @@ class WorkerProcesses:
         count = len(block_envs)
         self.procs: list[Any] = [None] * count  # multiprocessing.Process, once started
         self.conns: list[Any] = [None] * count  # each worker's duplex pipe (handshake, payloads, replies)
-        self.wake_fds: list[int] = [-1] * count  # write end of each worker's wake pipe
-        self._wake_conns: list[Any] = [None] * count
+        # One wake pipe per block, for the pool's life: a restarted worker reads the same one, so
+        # the workers that relay wake-ups to it (their write ends) need nothing new.
+        self._wake: list[tuple[Any, Any]] = []
+        for _ in range(count):
+            wake_r, wake_w = self._ctx.Pipe(duplex=False)
+            os.set_blocking(wake_r.fileno(), False)
+            os.set_blocking(wake_w.fileno(), False)
+            self._wake.append((wake_r, wake_w))
+        self.wake_fds: list[int] = [w.fileno() for _, w in self._wake]  # write end of each worker's wake pipe
         done_r, done_w = self._ctx.Pipe(duplex=False)
         self._done_conns = (done_r, done_w)  # done_w stays open: restarted workers get it too
         self.done_fd: int = done_r.fileno()  # read end of the pipe every worker rings when done
@@ -95,9 +102,7 @@ class WorkerProcesses:
         """Start (or restart) the worker process of ``block``."""
         ctx = self._ctx
         parent_conn, child_conn = ctx.Pipe()
-        wake_r, wake_w = ctx.Pipe(duplex=False)
-        os.set_blocking(wake_r.fileno(), False)
-        os.set_blocking(wake_w.fileno(), False)
+        relay = [(c, self._wake[c][1]) for c in P.relay_children(block, len(self.block_envs))]
         proc = ctx.Process(
             target=worker_main,
             args=(
@@ -105,18 +110,17 @@ class WorkerProcesses:
                 self.block_envs[block].start,
                 self._blobs[block],
                 child_conn,
-                wake_r,
+                self._wake[block][0],
                 self._done_conns[1],
                 self.options,
+                relay,
             ),
             name=f"shmvec-worker-{block}",
             daemon=True,
         )
         proc.start()
         child_conn.close()
-        wake_r.close()
         self.procs[block], self.conns[block] = proc, parent_conn
-        self._wake_conns[block], self.wake_fds[block] = wake_w, wake_w.fileno()
 
     def spaces(self, block: int, deadline: float | None) -> P.Spaces:
         """The spaces (and metadata) that the envs of ``block`` reported once built.
@@ -218,13 +222,14 @@ class WorkerProcesses:
         )
 
     def stop(self, block: int) -> None:
-        """Kill worker ``block`` (if still alive) and close its pipes, before a restart."""
+        """Kill worker ``block`` (if still alive) and close its pipe, before a restart (its wake
+        pipe stays: the new worker reads it).
+        """
         proc = self.procs[block]
         if proc.is_alive():
             proc.kill()
         proc.join(1.0)
-        for conn in (self.conns[block], self._wake_conns[block]):
-            conn.close()
+        self.conns[block].close()
 
     # -- shutdown ----------------------------------------------------------------------------------
     def join(self, timeout: float) -> None:
@@ -242,7 +247,7 @@ class WorkerProcesses:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
-        for conn in (*self.conns, *self._wake_conns, *self._done_conns):
+        for conn in (*self.conns, *(end for pipe in self._wake for end in pipe), *self._done_conns):
             if conn is None:
                 continue
             try:

@@ -38,12 +38,12 @@ if TYPE_CHECKING:  # annotations only: workers import this module before numpy a
     from shmvec.layout import Layout, RolloutLayout
 
 # Words of a control line (indices into its int64 words; plain ints: the hot paths index with them).
-GO = 0  # command sequence number, written by main
+GO = 0  # command sequence number, written by main (on main's own line: a broadcast round's)
 CMD = 1  # command code, written by main
 PAYLOAD = 2  # 1 when a pickled payload follows on the worker's pipe
 DONE = 3  # sequence number of the last finished command, written by the worker
 STATUS = 4  # result of the last command, written by the worker
-SLEEPING = 5  # 1 while the owner of this line blocks in the kernel
+SLEEPING = 5  # set while the owner of this line blocks: a worker's 1; main's -1 (any block) or k + 1 (block k)
 ARG = 6  # the command's argument (ROLLOUT_STEP: the row), written by main
 REPLY_LEN = 7  # bytes of the pickled reply in the block's ``replies`` row, or -1: it follows on the pipe
 
@@ -57,6 +57,18 @@ EnvRecord = tuple[
     bytes, bool, float, int
 ]  # GET_STATE/SET_STATE: (env snapshot, autoreset pending, episode return, length)
 Reports = list[tuple[int, dict[str, Any] | None, dict[str, Any]]]  # STEP/RESET: (env, final_info, info)
+
+# A broadcast round (every worker, one command, no payload) is posted on main's line: its GO,
+# CMD and ARG words. Its wake-ups go down a tree: main wakes worker 0, and each worker wakes its
+# children, workers RELAY * k + 1 .. RELAY * k + RELAY, that sleep (docs/architecture.md).
+RELAY = 4
+
+
+def relay_children(block: int, num_workers: int) -> range:
+    """The workers that worker ``block`` wakes in a broadcast round."""
+    first = RELAY * block + 1
+    return range(first, min(first + RELAY, num_workers))
+
 
 # A block's row of the ``replies`` region: a pickled reply up to this size travels there, not on
 # the pipe (a step's infos, say); a larger one (a ``render`` frame) takes the pipe.

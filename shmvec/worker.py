@@ -42,12 +42,15 @@ _STEP, _RESET, _CLOSE = int(Command.STEP), int(Command.RESET), int(Command.CLOSE
 _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
 
 
-def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w, options: WorkerOptions) -> None:
+def worker_main(
+    block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_w, options: WorkerOptions, relay: list
+) -> None:
     """Entry point of a worker process: build the envs, attach, serve commands until CLOSE.
 
     ``conn`` carries the handshake and the rare pickled payloads and replies; ``wake_r`` and
     ``done_w`` are the read end of this worker's wake pipe and the write end of the shared
-    done pipe (``Connection`` objects, so that every start method can pass them).
+    done pipe (``Connection`` objects, so that every start method can pass them); ``relay``,
+    ``(block, write end of its wake pipe)`` of each worker this one wakes in a broadcast round.
     ``options``: everything this worker applies, one record (plain values: it is unpickled
     before the thread pools are capped): ``worker_threads`` now, before the envs are built
     (:mod:`shmvec.worker_threads`), the rest in the block's :class:`~shmvec.stepper.Stepper`.
@@ -80,6 +83,7 @@ def worker_main(block: int, start: int, env_fns_blob: bytes, conn, wake_r, done_
             conn,
             wake_r.fileno(),
             done_w.fileno(),
+            [(child, w.fileno()) for child, w in relay],
             options.spin,
             parent.sentinel if parent is not None else None,
             bool(layout.pickled("obs/")),
@@ -155,6 +159,7 @@ def _serve(
     conn,
     wake_r: int,
     done_w: int,
+    relay: list[tuple[int, int]],
     policy,
     parent_sentinel: int | None,
     pickled_obs: bool,
@@ -162,7 +167,10 @@ def _serve(
     """Serve commands until CLOSE, waiting for each with ``policy`` (a ``sync.SpinPolicy``).
 
     ``pickled_obs``: the observation space has pickled leaves, which every STEP and RESET
-    reply carries (see ``protocol``).
+    reply carries (see ``protocol``). A command comes on this block's line (``GO``), or, for
+    every worker at once, on main's line (the broadcast ``GO``): then this worker first wakes
+    the workers of ``relay`` (``(block, wake pipe's write end)``, its children in the wake-up
+    tree, ``protocol.relay_children``) that sleep.
     """
     import time
 
@@ -175,10 +183,13 @@ def _serve(
     seq = int(mine[DONE])
     clock = time.perf_counter
 
-    # A new command is any change of GO: main may skip a block in a round (a restart addresses
-    # only the restarted blocks), so sequence numbers can jump.
+    me = block + 1  # main's SLEEPING when it waits for this block in particular
+    relayed = [(lines[child], fd) for child, fd in relay]
+
+    # A new command is a GO past the last one served, on this line or main's (the broadcast):
+    # sequence numbers only grow, and can jump (a restart addresses only the restarted blocks).
     def arrived() -> bool:
-        return mine[GO] != seq
+        return mine[GO] > seq or main_line[GO] > seq
 
     t1 = clock()  # as the last command was seen
     while True:
@@ -196,10 +207,17 @@ def _serve(
         t1 = clock()
         policy.update(t1 - t0)
         fence()  # ordering [GO]: GO seen before the command words and the actions are read
-        seq = int(mine[GO])
-        cmd = int(mine[CMD])
-        arg = int(mine[ARG])
-        payload = conn.recv() if mine[PAYLOAD] else None
+        broadcast = int(main_line[GO])
+        if broadcast > seq:  # every worker's command (a worker has one command pending at most)
+            for line, fd in relayed:
+                if line[SLEEPING]:  # ordering [RELAY]: after the barrier above, as main's after GO
+                    ring(fd)
+            seq, cmd, arg, payload = broadcast, int(main_line[CMD]), int(main_line[ARG]), None
+        else:
+            seq = int(mine[GO])
+            cmd = int(mine[CMD])
+            arg = int(mine[ARG])
+            payload = conn.recv() if mine[PAYLOAD] else None
         status, reply = _execute(envs, cmd, payload, arg, conn, block, pickled_obs)
         piped = False
         if status != _OK:
@@ -212,7 +230,8 @@ def _serve(
         fence()  # ordering [DONE]: the results, the reply and STATUS (and the actions' reads) before DONE
         mine[DONE] = seq
         fence()  # ordering [SLEEP]: DONE before reading main's SLEEPING
-        if main_line[SLEEPING]:
+        waits = main_line[SLEEPING]  # -1: for any block; k + 1: for block k
+        if waits < 0 or waits == me:
             ring(done_w)
         if piped:
             conn.send_bytes(reply)
