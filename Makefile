@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-macos-profile
+.PHONY: test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-macos-profile bench-caller-cost
 
 venv: $(STAMP)
 
@@ -104,6 +104,11 @@ bench-instructions: $(STAMP)
 # root or sudo, builds itself once under .arm64/): see tests/arm64/README.md.
 test-arm64:
 	bash tests/arm64/run.sh
+
+# The calling process's CPU, instructions and wall time per synchronous round, 1..64 workers
+# (do-nothing envs; needs valgrind for the instructions): docs/benchmarks.md, "Many cores".
+bench-caller-cost: $(STAMP)
+	$(PY) benchmarks/caller_cost.py --json benchmarks/results-2core/caller_cost.json --write-docs
 
 bench-micro: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only

@@ -24,6 +24,7 @@ CPU at W workers over its CPU at 2).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -126,11 +127,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--instruction-rounds", type=int, default=300, help="rounds counted under callgrind")
     parser.add_argument("--no-instructions", action="store_true", help="skip the callgrind counts")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--write-docs", action="store_true", help="write the tables into docs/benchmarks.md")
+    parser.add_argument("--from-json", type=Path, help="no measuring: the tables of these results (with --write-docs)")
     parser.add_argument("--child", nargs=3, metavar=("WORKERS", "OBS", "ROUNDS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(int(args.child[0]), args.child[1], int(args.child[2]))
         return []
+    if args.from_json:
+        rows = json.loads(args.from_json.read_text())
+        print_table(rows)
+        if args.write_docs:
+            write_docs(rows)
+        return rows
     counting = not args.no_instructions and shutil.which("valgrind") is not None
     rows = []
     for obs in args.obs.split(","):
@@ -149,19 +158,77 @@ def main(argv: list[str] | None = None) -> list[dict]:
         from shmvec.bench.output import write_study
 
         write_study(args.json, rows)
+    if args.write_docs:
+        write_docs(rows)
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
+def format_table(rows: list[dict]) -> str:
+    """The results as the Markdown table docs/benchmarks.md quotes (a test compares them)."""
     keys = ["cpu_us", "instructions", "dispatch_us", "wait_us", "collect_us", "copy_us", "wall_us"]
     keys = [k for k in keys if k in rows[0]]
-    print("\n| obs | workers | " + " | ".join(keys) + " | cpu / cpu at 2 |")
-    print("|---|---:|" + "---:|" * (len(keys) + 1))
+    heads = {"cpu_us": "CPU us", "instructions": "instructions", "dispatch_us": "dispatch us", "wait_us": "wait us",
+             "collect_us": "collect us", "copy_us": "of which copy us", "wall_us": "wall us"}  # fmt: skip
+    out = ["| obs | workers | " + " | ".join(heads[k] for k in keys) + " | CPU / at 2 | instructions / at 2 |"]
+    out.append("|---|---:|" + "---:|" * (len(keys) + 2))
     for row in rows:
         base = next((r for r in rows if r["obs"] == row["obs"] and r["workers"] == 2), None)
-        ratio = f"{row['cpu_us'] / base['cpu_us']:.2f}x" if base else "-"
+        cpu = f"{row['cpu_us'] / base['cpu_us']:.2f}x" if base else "-"
+        ins = f"{row['instructions'] / base['instructions']:.2f}x" if base and "instructions" in row else "-"
         cells = [f"{row[k]:,.0f}" if k == "instructions" else f"{row[k]:.1f}" for k in keys]
-        print(f"| {row['obs']} | {row['workers']} | " + " | ".join(cells) + f" | {ratio} |")
+        out.append(f"| {row['obs']} | {row['workers']} | " + " | ".join(cells) + f" | {cpu} | {ins} |")
+    return "\n".join(out)
+
+
+# The projection's envs: a block's step time on its own core (one env per block), in microseconds.
+PROJECTED_STEPS = {"HalfCheetah (about 40 us)": 40.0, "Ant (about 100 us)": 100.0, "Pong (about 300 us)": 300.0}
+
+
+def format_projection(rows: list[dict], workers: tuple[int, ...] = (16, 64)) -> str:
+    """A model, not a measurement: the efficiency of a synchronous round on ``workers`` cores,
+    one block per core, from this machine's figures (do-nothing envs, small observations):
+
+        efficiency = step / (step + serial + wake)
+
+    ``serial`` is the caller's CPU per round at that many workers (its work between the
+    blocks' steps), ``wake`` the part of a round at 2 workers that is neither the caller's CPU
+    nor a step (the wake-up round trip).
+    """
+    small = {r["workers"]: r for r in rows if r["obs"] == "none"}
+    wake = max(0.0, small[2]["wall_us"] - small[2]["cpu_us"])
+    out = ["| env (step per block) | " + " | ".join(f"{w} cores" for w in workers) + " |"]
+    out.append("|---|" + "---:|" * len(workers))
+    for name, step in PROJECTED_STEPS.items():
+        cells = [f"{step / (step + small[w]['cpu_us'] + wake):.2f}" for w in workers]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    out.append("")
+    serial = ", ".join(f"{small[w]['cpu_us']:.0f} us at {w}" for w in workers)
+    out.append(f"(serial: the caller's CPU per round, {serial}; wake: {wake:.0f} us, from 2 workers)")
+    return "\n".join(out)
+
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+BLOCKS = {"caller-cost": format_table, "caller-projection": format_projection}
+
+
+def docs_blocks(text: str) -> dict[str, str]:
+    """The blocks of docs/benchmarks.md that this study's tables fill, by name."""
+    return {name: text.split(f"<!-- {name}:begin -->\n", 1)[1].split(f"<!-- {name}:end -->", 1)[0] for name in BLOCKS}
+
+
+def write_docs(rows: list[dict]) -> None:
+    text = DOCS.read_text()
+    for name, block in docs_blocks(text).items():
+        text = text.replace(f"<!-- {name}:begin -->\n{block}", f"<!-- {name}:begin -->\n{BLOCKS[name](rows)}\n")
+    DOCS.write_text(text)
+
+
+def print_table(rows: list[dict]) -> None:
+    print()
+    print(format_table(rows))
+    if any(r["obs"] == "none" and r["workers"] == 2 for r in rows):
+        print()
+        print(format_projection(rows, tuple(w for w in (16, 64) if any(r["workers"] == w for r in rows))))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""The full memory barrier that publishes the words of the shared segment: :func:`fence`.
+"""The full memory barrier that publishes the words of the shared segment (:func:`fence`), and
+the one atomic operation, an add to a word (:func:`adder`: the count of a broadcast round's
+finished workers).
 
 The handoff between the calling process and its workers is lock-free: plain stores of results
 (or actions), then a flag word (``DONE``, ``GO``), read by a process spinning on that flag. On
@@ -17,12 +19,13 @@ machine's own choice should be overridden (tests run the compiled one on x86-64 
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import threading
 from collections.abc import Callable
 
-__all__ = ["FENCE_IR", "KIND", "assembly", "fence"]
+__all__ = ["FENCE_IR", "KIND", "adder", "assembly", "fence", "prepare"]
 
 # Architectures whose stores are seen in program order, where a locked instruction is a full barrier.
 STRONGLY_ORDERED = {"x86_64", "amd64", "i386", "i686", "x86"}
@@ -33,6 +36,11 @@ FENCE_IR = """
 define void @shmvec_fence() {
   fence seq_cst
   ret void
+}
+
+define i64 @shmvec_add(ptr %p, i64 %v) {
+  %old = atomicrmw add ptr %p, i64 %v seq_cst
+  ret i64 %old
 }
 """
 
@@ -47,11 +55,16 @@ def _lock_fence() -> None:
     _lock.release()
 
 
-_engine = None  # the compiled fence's JIT engine, kept alive with it
+_engine = None  # the compiled functions' JIT engine, kept alive with them
+_compiled: dict[str, Callable] = {}
 
 
-def _compiled_fence() -> Callable[[], None]:
-    """LLVM's ``fence seq_cst``, compiled for this machine, as a ctypes function (about 0.1 us a call)."""
+def _compile() -> dict[str, Callable]:
+    """The IR's functions, compiled for this machine once per process (a forked worker inherits
+    them), as ctypes functions: ``fence()`` (about 0.1 us a call), ``add(address, value)``.
+    """
+    if _compiled:
+        return _compiled
     import ctypes
 
     import llvmlite.binding as llvm
@@ -63,7 +76,26 @@ def _compiled_fence() -> Callable[[], None]:
     module.verify()
     _engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
     _engine.finalize_object()
-    return ctypes.CFUNCTYPE(None)(_engine.get_function_address("shmvec_fence"))
+    _compiled["fence"] = ctypes.CFUNCTYPE(None)(_engine.get_function_address("shmvec_fence"))
+    _compiled["add"] = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(
+        _engine.get_function_address("shmvec_add")
+    )
+    return _compiled
+
+
+def prepare() -> None:
+    """Compile the functions now (the calling process, before it forks its workers: they
+    inherit them instead of compiling their own, about 0.1 s each).
+    """
+    _compile()
+
+
+def adder(address: int) -> Callable[[int], int]:
+    """``add(value)``: add ``value`` to the int64 word at ``address`` atomically (a sequentially
+    consistent read-modify-write: ``lock xadd`` on x86-64, ``ldaxr``/``stlxr`` or ``ldaddal`` on
+    aarch64); returns the word's value before.
+    """
+    return functools.partial(_compile()["add"], address)
 
 
 def assembly(triple: str) -> str:
@@ -84,7 +116,7 @@ def _choose() -> tuple[str, Callable[[], None]]:
         raise ValueError(f"SHMVEC_FENCE must be 'lock' or 'compiled', got {wanted!r}")
     if wanted == "lock" or (not wanted and platform.machine().lower() in STRONGLY_ORDERED):
         return "lock", _lock_fence
-    return "compiled", _compiled_fence()
+    return "compiled", _compile()["fence"]
 
 
 # Which barrier this process runs ("lock" or "compiled"), and the barrier itself.

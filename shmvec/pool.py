@@ -26,6 +26,7 @@ from gymnasium.vector import AutoresetMode
 
 from shmvec import protocol as P
 from shmvec.barrier import fence
+from shmvec.barrier import prepare as prepare_barrier
 from shmvec.blocks import split
 from shmvec.checks import usable_cores
 from shmvec.errors import ClosedError, PayloadError, StepTimeout, WorkerDied, WorkerError
@@ -177,7 +178,11 @@ class WorkerPool:
         self._all_seq: int | None = None  # set while every worker block's target is this one number
         self._all_done: Callable[[], bool] = lambda: False  # see _lay_out
         self._next_done = 0  # the first worker block all_done() has not seen done this round
+        self._counted = False  # the round in flight is a broadcast: its workers count themselves done
+        self._roots = P.relay_children(None, num_workers)  # the workers main wakes in a broadcast round
+        self._counted_done: Callable[[], bool] = lambda: False  # see _lay_out
 
+        prepare_barrier()  # (the workers' atomic add, compiled once here: forked workers inherit it)
         self.joining = Joining(
             env_fns, self.blocks, self.main_index, options.for_worker(worker_spin), options.context, self.timeout
         )
@@ -223,7 +228,13 @@ class WorkerPool:
             self._next_done = i
             return i == count
 
+        main_line = self.main_line
+
+        def counted_done() -> bool:  # a broadcast round: every worker counted itself done
+            return main_line[DONE] == count
+
         self._all_done = all_done
+        self._counted_done = counted_done
         return Segments(segment, self.attached)
 
     @property
@@ -257,7 +268,7 @@ class WorkerPool:
             line = self.lines[block]
             line[P.GO] = line[DONE] = self._target[block] = self.seq
             line[P.SLEEPING] = 0
-            self._all_seq = None
+            self._all_seq, self._counted = None, False
         assert self._segment is not None
         handed = Segments(self._segment, self.attached)
         _, stepper = self.joining.join([block], self.spaces, lambda _: handed)
@@ -336,14 +347,21 @@ class WorkerPool:
         target, commands, states = self._target, self.commands, self.states
         if block_ids:
             submitted, now = self._submitted, time.perf_counter()
-            for block in block_ids:
-                target[block] = seq
-                submitted[block] = now
-                commands[block] = cmd
-                states[block] = state
             every = len(block_ids) == len(self.worker_blocks)
+            # A broadcast only where no worker still runs a command (one a Ctrl-C left in flight
+            # would count itself done in the new round): then each block's own DONE is waited for.
+            broadcast = every and payloads is None and fd is None and BlockState.IN_FLIGHT not in states
+            if every:  # the workers' blocks, 0 .. W - 1: one slice assignment each
+                n = len(block_ids)
+                target[:n], submitted[:n], commands[:n], states[:n] = [seq] * n, [now] * n, [cmd] * n, [state] * n
+            else:
+                for block in block_ids:
+                    target[block] = seq
+                    submitted[block] = now
+                    commands[block] = cmd
+                    states[block] = state
             self._all_seq, self._next_done = (seq if every else None), 0
-            if every and payloads is None and fd is None:
+            if broadcast:
                 self._post_broadcast(cmd, arg, seq)
             else:
                 self._post(cmd, arg, seq, block_ids, payloads)
@@ -359,20 +377,25 @@ class WorkerPool:
             main.pending = (cmd, None if payloads is None else payloads[m], arg)
 
     def _post_broadcast(self, cmd: int, arg: int, seq: int) -> None:
-        """Post ``cmd`` to every worker at once, on main's line, with one wake-up (worker 0's; the
-        workers relay the others down a tree, ``protocol.relay_children``).
+        """Post ``cmd`` to every worker at once, on main's line, with at most ``protocol.ROOTS``
+        wake-ups (the tree's roots; the workers relay the others, ``protocol.relay_children``).
         """
         main_line = self.main_line
         main_line[P.CMD] = cmd
         main_line[P.ARG] = arg
-        fence()  # ordering [GO]: the actions and the command words before the broadcast GO
+        main_line[DONE] = main_line[P.STATUS] = 0  # the counts of workers done, and not OK
+        self._counted = True
+        fence()  # ordering [GO]: the actions, the command words and the counts before the broadcast GO
         main_line[P.GO] = seq
-        fence()  # ordering [SLEEP]: the broadcast GO before reading worker 0's SLEEPING
-        if self.lines[0][P.SLEEPING]:
-            ring(self.workers.wake_fds[0])
+        fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
+        lines, wake_fds = self.lines, self.workers.wake_fds
+        for block in self._roots:
+            if lines[block][P.SLEEPING]:
+                ring(wake_fds[block])
 
     def _post(self, cmd: int, arg: int, seq: int, block_ids: list[int], payloads: list | None) -> None:
         """Post ``cmd`` on the lines of ``block_ids``, and wake those that sleep."""
+        self._counted = False
         lines = self.lines
         for block in block_ids:
             line = lines[block]
@@ -492,7 +515,11 @@ class WorkerPool:
         t0 = time.perf_counter()
         # The common case spins on a cheaper test built once: every worker, one sequence number.
         every_worker = count >= len(block_ids) == len(self.worker_blocks) and self._all_seq is not None
-        if every_worker and spin_until(self._all_done, policy):
+        # A broadcast round is done when its count is (one word); another round for every worker
+        # when each block's DONE is (each read until seen done).
+        counted = every_worker and self._counted
+        all_done = self._counted_done if counted else self._all_done
+        if every_worker and spin_until(all_done, policy):
             policy.update(time.perf_counter() - t0)
             fence()  # ordering [DONE]: DONE seen before the results are read
             return
@@ -509,15 +536,19 @@ class WorkerPool:
             policy.update(time.perf_counter() - t0)
             fence()  # ordering [DONE]
             return
-        submitted, procs = self._submitted, self.workers.procs
+        submitted, sentinels = self._submitted, self.workers.sentinels
+        wide = True  # a broadcast round's wait watches every worker's sentinel
         while True:
-            # Waiting for every worker, main names the first one not done, and watches that one
-            # alone: only it rings, and main reaches each block in turn (a later one that died
-            # or hangs is found when named).
+            # Waiting for every worker, main sleeps until the last of a broadcast round rings it
+            # (SLEEPING -2, watching every worker), or names the first worker not done and
+            # watches that one alone: only it rings, and main reaches each in turn (a later one
+            # that died or hangs is found when named). After a failure, any worker rings (-1).
             named = every_worker and not failures
-            if named:
-                if self._all_done():
-                    break
+            if named and all_done():
+                break
+            if named and counted and wide:
+                watch = self.worker_blocks  # (a done one that died since makes the watch narrow)
+            elif named:
                 watch = [self.worker_blocks[self._next_done]]
             else:
                 watch = [b for b in block_ids if b not in failures and lines[b][DONE] != target[b]]
@@ -526,17 +557,19 @@ class WorkerPool:
                 remaining = max(0.0, min(submitted[b] for b in watch) + timeout - time.perf_counter())
             try:
                 dead = block_until(
-                    self._all_done if named else ready,
+                    all_done if named else ready,
                     self.main_line,
                     self.workers.done_fd,
-                    [procs[b].sentinel for b in watch],
+                    sentinels if watch is self.worker_blocks else [sentinels[b] for b in watch],
                     remaining,
-                    announce=self._first_not_done if named else -1,
+                    announce=(-2 if counted else self._first_not_done) if named else -1,
                 )
             except TimeoutError:
                 dead = []
-            self._lost(watch, dead, time.perf_counter(), timeout, failures)
-            if self._all_done() if every_worker and not failures else ready():
+            if dead or timeout is not None:
+                self._lost(watch, dead, time.perf_counter(), timeout, failures)
+                wide = wide and not dead
+            if all_done() if every_worker and not failures else ready():
                 break
         policy.update(time.perf_counter() - t0)
         fence()  # ordering [DONE]
@@ -651,7 +684,11 @@ class WorkerPool:
             for block in ids:
                 self.states[block] = BlockState.IN_FLIGHT
             raise
-        got, failed = self.collect([b for b in ids if b not in failures] if failures else ids, timeout)
+        if failures:
+            ids = [b for b in ids if b not in failures]
+        elif self._counted and self.main_line[P.STATUS] == 0:  # a broadcast round no worker replied to
+            ids = [] if self.main is None or self.main.index not in ids else [self.main.index]
+        got, failed = self.collect(ids, timeout)
         failures.update(failed)
         replies: list[Any] = [None] * len(self.blocks)
         for block, reply in got.items():

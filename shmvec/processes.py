@@ -81,6 +81,7 @@ class WorkerProcesses:
         self.options = options
         count = len(block_envs)
         self.procs: list[Any] = [None] * count  # multiprocessing.Process, once started
+        self.sentinels: list[int] = [-1] * count  # each process's sentinel (read on every blocking wait)
         self.conns: list[Any] = [None] * count  # each worker's duplex pipe (handshake, payloads, replies)
         # One wake pipe per block, for the pool's life: a restarted worker reads the same one, so
         # the workers that relay wake-ups to it (their write ends) need nothing new.
@@ -120,7 +121,7 @@ class WorkerProcesses:
         )
         proc.start()
         child_conn.close()
-        self.procs[block], self.conns[block] = proc, parent_conn
+        self.procs[block], self.conns[block], self.sentinels[block] = proc, parent_conn, proc.sentinel
 
     def spaces(self, block: int, deadline: float | None) -> P.Spaces:
         """The spaces (and metadata) that the envs of ``block`` reported once built.

@@ -59,15 +59,17 @@ EnvRecord = tuple[
 Reports = list[tuple[int, dict[str, Any] | None, dict[str, Any]]]  # STEP/RESET: (env, final_info, info)
 
 # A broadcast round (every worker, one command, no payload) is posted on main's line: its GO,
-# CMD and ARG words. Its wake-ups go down a tree: main wakes worker 0, and each worker wakes its
-# children, workers RELAY * k + 1 .. RELAY * k + RELAY, that sleep (docs/architecture.md).
+# CMD and ARG words. Its wake-ups go down a tree: main wakes workers 0 .. ROOTS - 1, and each
+# worker k wakes its children, workers ROOTS + RELAY * k .. ROOTS + RELAY * k + RELAY - 1, that
+# sleep (docs/architecture.md): main's share stays ROOTS wake-ups however many workers there are.
+ROOTS = 2
 RELAY = 4
 
 
-def relay_children(block: int, num_workers: int) -> range:
-    """The workers that worker ``block`` wakes in a broadcast round."""
-    first = RELAY * block + 1
-    return range(first, min(first + RELAY, num_workers))
+def relay_children(block: int | None, num_workers: int) -> range:
+    """The workers that worker ``block`` wakes in a broadcast round (``None``: main's)."""
+    first, count = (0, ROOTS) if block is None else (ROOTS + RELAY * block, RELAY)
+    return range(first, min(first + count, num_workers))
 
 
 # A block's row of the ``replies`` region: a pickled reply up to this size travels there, not on

@@ -72,6 +72,7 @@ def worker_main(
         if attached is None:
             return
         stepper, views, layout = attached
+        counters = _round_counters(views["ctrl"], options.num_workers)  # (compiled before Ready, if not inherited)
         conn.send(Ready())
         parent = mp.parent_process()
         _serve(
@@ -84,6 +85,7 @@ def worker_main(
             wake_r.fileno(),
             done_w.fileno(),
             [(child, w.fileno()) for child, w in relay],
+            counters,
             options.spin,
             parent.sentinel if parent is not None else None,
             bool(layout.pickled("obs/")),
@@ -160,6 +162,7 @@ def _serve(
     wake_r: int,
     done_w: int,
     relay: list[tuple[int, int]],
+    counters: tuple,
     policy,
     parent_sentinel: int | None,
     pickled_obs: bool,
@@ -170,7 +173,9 @@ def _serve(
     reply carries (see ``protocol``). A command comes on this block's line (``GO``), or, for
     every worker at once, on main's line (the broadcast ``GO``): then this worker first wakes
     the workers of ``relay`` (``(block, wake pipe's write end)``, its children in the wake-up
-    tree, ``protocol.relay_children``) that sleep.
+    tree, ``protocol.relay_children``) that sleep; once done, it counts itself on main's line
+    (``counters``: the adds to main's DONE and STATUS words, and the number of workers), and
+    the last of them rings main.
     """
     import time
 
@@ -184,6 +189,8 @@ def _serve(
     clock = time.perf_counter
 
     me = block + 1  # main's SLEEPING when it waits for this block in particular
+    count_done, count_failed, workers = counters
+    last = False
     relayed = [(lines[child], fd) for child, fd in relay]
 
     # A new command is a GO past the last one served, on this line or main's (the broadcast):
@@ -208,15 +215,12 @@ def _serve(
         policy.update(t1 - t0)
         fence()  # ordering [GO]: GO seen before the command words and the actions are read
         broadcast = int(main_line[GO])
-        if broadcast > seq:  # every worker's command (a worker has one command pending at most)
-            for line, fd in relayed:
-                if line[SLEEPING]:  # ordering [RELAY]: after the barrier above, as main's after GO
-                    ring(fd)
+        broadcast_round = broadcast > seq  # every worker's command (one is pending at most)
+        if broadcast_round:
+            _relay(relayed, ring)
             seq, cmd, arg, payload = broadcast, int(main_line[CMD]), int(main_line[ARG]), None
         else:
-            seq = int(mine[GO])
-            cmd = int(mine[CMD])
-            arg = int(mine[ARG])
+            seq, cmd, arg = int(mine[GO]), int(mine[CMD]), int(mine[ARG])
             payload = conn.recv() if mine[PAYLOAD] else None
         status, reply = _execute(envs, cmd, payload, arg, conn, block, pickled_obs)
         piped = False
@@ -229,14 +233,37 @@ def _serve(
         mine[STATUS] = status
         fence()  # ordering [DONE]: the results, the reply and STATUS (and the actions' reads) before DONE
         mine[DONE] = seq
-        fence()  # ordering [SLEEP]: DONE before reading main's SLEEPING
-        waits = main_line[SLEEPING]  # -1: for any block; k + 1: for block k
-        if waits < 0 or waits == me:
+        if broadcast_round:  # ordering [COUNT]: atomic adds, after this block's DONE
+            if status != _OK:
+                count_failed(1)
+            last = count_done(1) + 1 == workers
+        fence()  # ordering [SLEEP]: DONE (and the count) before reading main's SLEEPING
+        waits = main_line[SLEEPING]  # -1: for any block; k + 1: for block k; -2: for the last
+        if waits == -1 or waits == me or (waits == -2 and broadcast_round and last):
             ring(done_w)
         if piped:
             conn.send_bytes(reply)
         if cmd == _CLOSE:
             return
+
+
+def _relay(relayed: list, ring) -> None:
+    """Wake each worker of ``relayed`` (``(control line, wake pipe's write end)``) that sleeps:
+    after this worker's [GO] barrier, as main rings after its own (ordering [RELAY]).
+    """
+    for line, fd in relayed:
+        if line[SLEEPING]:
+            ring(fd)
+
+
+def _round_counters(ctrl, workers: int) -> tuple:
+    """The atomic adds to main's DONE and STATUS words (the count of a broadcast round's workers
+    done, and of those whose status is not OK), and the number of workers.
+    """
+    from shmvec.barrier import adder
+
+    line = ctrl.ctypes.data + (len(ctrl) - 1) * ctrl.strides[0]  # main's line, the last
+    return adder(line + DONE * 8), adder(line + STATUS * 8), workers
 
 
 def _execute(

@@ -49,3 +49,18 @@ def test_ppo_wall_time_table_is_its_results_file():
     block = text.split("<!-- ppo-wall-time:begin -->\n", 1)[1].split("\n<!-- ppo-wall-time:end -->", 1)[0]
     assert block == study.format_table(rows)
     assert all(row["same_run"] for row in rows)  # each pair trained identically
+
+
+def test_caller_cost_tables_are_their_results_file():
+    """docs/benchmarks.md's table of the caller's work per round, and the projection built on
+    it, are benchmarks/results-2core/caller_cost.json's (`make bench-caller-cost` writes them)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("caller_cost", ROOT / "benchmarks/caller_cost.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    rows = json.loads((ROOT / "benchmarks/results-2core/caller_cost.json").read_text())
+    blocks = study.docs_blocks((ROOT / "docs/benchmarks.md").read_text())
+    assert blocks == {name: make(rows) + "\n" for name, make in study.BLOCKS.items()}
+    assert {r["workers"] for r in rows} >= {2, 16, 32} and {r["obs"] for r in rows} == {"none", "pong"}
