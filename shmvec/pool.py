@@ -547,8 +547,8 @@ class WorkerPool:
             if named and all_done():
                 break
             if named and counted and wide:
-                watch = self.worker_blocks  # (a done one that died since makes the watch narrow)
-            elif named:
+                watch = self.worker_blocks  # (a done one that died since: the blocks still out, below)
+            elif named and not counted:
                 watch = [self.worker_blocks[self._next_done]]
             else:
                 watch = [b for b in block_ids if b not in failures and lines[b][DONE] != target[b]]
