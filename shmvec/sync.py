@@ -146,24 +146,27 @@ def block_until(
     """Block on ``wake_fd`` (and ``watch`` fds) until ``done()``; announce it in ``ctrl_line``.
 
     ``announce`` is the ``SLEEPING`` value written before each sleep: a worker's 1; main's -1
-    (any worker rings it) or, a callable, ``k + 1`` for the one block ``k`` it waits for (only
-    that worker rings it; ``done()`` moves ``k`` on). Returns the fds in ``watch`` that became
-    readable (sentinels of processes that died), or an empty list when ``done()`` became true
-    or the block named moved on (the caller looks, and names the next one). Raises
-    ``TimeoutError`` after ``timeout`` seconds (``None``: never).
+    (any worker rings it), -2 (the last worker of a broadcast round rings it) or, a callable,
+    ``k + 1`` for the one block ``k`` it waits for (only that worker rings it; ``done()`` moves
+    ``k`` on). Returns the fds in ``watch`` that became readable (sentinels of processes that
+    died), or an empty list when ``done()`` became true or the block named moved on (the caller
+    looks, and names the next one). Raises ``TimeoutError`` after ``timeout`` seconds (``None``:
+    never).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     fds = [wake_fd, *watch]
-    moving = callable(announce)
-    named = announce() if moving else announce  # type: ignore[operator]
+    moving = announce if callable(announce) else None
+    named = announce if moving is None else moving()
+
+    def finished() -> bool:  # done, or the block it named is done: the caller names the next one
+        return done() or (moving is not None and moving() != named)
+
     try:
         while True:
             ctrl_line[SLEEPING] = named
             fence()  # ordering [SLEEP]: SLEEPING before the word waited on is read
-            if done():
+            if finished():
                 return []
-            if moving and announce() != named:  # type: ignore[operator]
-                return []  # the block it named is done: the caller names the next one (and its watch)
             wait = poll_interval
             if deadline is not None:
                 wait = min(wait, deadline - time.monotonic())
@@ -174,7 +177,7 @@ def block_until(
             if wake_fd in ready:
                 drain(wake_fd)
             dead = [fd for fd in ready if fd != wake_fd]
-            if done() or (moving and announce() != named):  # type: ignore[operator]
+            if finished():
                 return []
             if dead:
                 return dead
