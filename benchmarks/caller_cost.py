@@ -8,14 +8,26 @@ block's command words, wakes the sleepers, waits, and reads each block's status,
 the observations out (``copy=True``). Each cell is a ``ShmVecEnv`` of ``W`` do-nothing envs
 (``SyntheticEnv(step_us=0)``), one per worker, waits that block at once (``spin_us=0``: a
 spinning caller's CPU would measure idle time), and either a small observation (``none``: 8
-float32) or a Pong frame (``pong``: 210 x 160 x 3 uint8). Per round it reports:
+float32) or a Pong frame (``pong``: 210 x 160 x 3 uint8); ``pong-300us`` adds a step of 300 us
+of CPU, about an Atari step's, so that the blocks finish apart, as real ones do. Per round it
+reports:
 
-- ``cpu_us``: the calling thread's CPU time (``time.thread_time``);
+- ``cpu_us``: the calling thread's CPU time (``time.thread_time``), the caller on a core of
+  its own and every worker on the others (as on a machine with a core per process: no worker
+  evicts the caller's caches or preempts it); ``None`` with a single usable core;
+- ``cpu_shared_us``: the same, every process on every core (on 2 cores, 33 processes share
+  them: the caller's CPU then includes the kernel's and the caches' share of that);
 - ``instructions``: the calling process's instructions under callgrind (its workers' own
   counts left out), the difference of two runs, start-up cancelled out;
-- ``dispatch_us``, ``wait_us``, ``collect_us``: its wall time, split at ``WorkerPool.submit``
-  and ``WorkerPool.wait`` (``collect``: everything after the wait: statuses, infos, results);
-- ``copy_us``: the part of ``collect`` spent copying the results out (``copy=True``).
+- ``dispatch_us``, ``wait_us``, ``collect_us``: its wall time (every core shared), split at
+  ``WorkerPool.submit`` and ``WorkerPool.wait`` (``collect``: everything after the wait:
+  statuses, infos, results);
+- ``copy_us``: the part of ``collect`` spent copying the results out (``copy=True``);
+  ``early_copy_us``: the copying done inside the wait, block by block as the blocks finished
+  (observations of 64 KiB a block or more, ``results.COPY_AS_DONE_BYTES``);
+  ``blocks_after_last``: how many blocks' observations were copied after the round's last
+  block finished, per round (one: only the last block's share is left); these three with the
+  caller on a core of its own, as ``cpu_us``.
 
 Figures vary with the machine: a ratio between cells of one run is what to read (the caller's
 CPU at W workers over its CPU at 2).
@@ -25,17 +37,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-OBS = {"none": ((8,), "float32"), "pong": ((210, 160, 3), "uint8")}
+# Each obs kind: (observation shape, dtype, CPU microseconds a step spends).
+OBS = {
+    "none": ((8,), "float32", 0.0),
+    "pong": ((210, 160, 3), "uint8", 0.0),
+    "pong-300us": ((210, 160, 3), "uint8", 300.0),
+}
 WARMUP = 100
+# The worker counts each obs kind is measured at by default, and the kinds counted under callgrind
+# (a step of 300 us of CPU runs 50 times slower there, for the same count of the caller's).
+WORKERS = {"none": "1,2,4,8,16,32,64", "pong": "2,16,32", "pong-300us": "2,16,32"}
+COUNTED = ("none", "pong")
+OWN_CORE = ("cpu_us", "copy_us", "early_copy_us", "blocks_after_last")  # measured with the caller on a core of its own
 _COUNT = re.compile(r"==(\d+)== Collected\s*:\s*(\d+)")
 _FIRST = re.compile(r"==(\d+)==")
 
@@ -44,40 +68,83 @@ def build(workers: int, obs: str):
     import shmvec
     from shmvec.envs import SyntheticEnv
 
-    shape, dtype = OBS[obs]
-    fns = [lambda: SyntheticEnv(obs_shape=shape, obs_dtype=dtype, step_us=0)] * workers
+    shape, dtype, step_us = OBS[obs]
+    fns = [lambda: SyntheticEnv(obs_shape=shape, obs_dtype=dtype, step_us=step_us, reset_us=0.0)] * workers
     return shmvec.ShmVecEnv(fns, num_workers=workers, spin_us=0.0, warn_slow_loop=False)
 
 
+@contextmanager
+def own_core(workers: int, obs: str):
+    """The cell's vector env, its caller on a core of its own and its workers on the other
+    usable cores (they inherit the affinity they are started with); ``None`` on one core.
+    """
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) < 2:
+        yield None
+        return
+    try:
+        os.sched_setaffinity(0, cores[1:])
+        envs = build(workers, obs)
+        os.sched_setaffinity(0, cores[:1])
+        with envs:
+            yield envs
+    finally:
+        os.sched_setaffinity(0, cores)
+
+
 def timed(envs, rounds: int) -> dict[str, float]:
-    """Per-round figures of ``rounds`` steps: CPU, and the wall split at the pool's phases."""
+    """Per-round figures of ``rounds`` steps, every core shared: CPU, the wall split at the
+    pool's phases, and the copy out (after the round, and inside the wait as blocks finished).
+    """
+    from shmvec import results as R
+    from shmvec.protocol import DONE
+
     session = envs._session
     pool, results = session.pool, session.results
-    spent = {"dispatch": 0.0, "wait": 0.0, "copy": 0.0}
+    spent = {"dispatch": 0.0, "wait": 0.0, "copy": 0.0, "early": 0.0, "after": 0.0}
+    waiting = [False]
+    main_line, workers = pool.main_line, len(pool.worker_blocks)
 
     def clocked(name, method):
         def run(*args, **kwargs):
             t = time.perf_counter()
+            waiting[0] = name == "wait"
             try:
                 return method(*args, **kwargs)
             finally:
+                waiting[0] = False
                 spent[name] += time.perf_counter() - t
 
         return run
 
+    block = R.CopyOut.block
+
+    def copy_block(self, b):  # a block copied inside the wait is early unless every block was done
+        t = time.perf_counter()
+        block(self, b)
+        if waiting[0]:
+            spent["early"] += time.perf_counter() - t
+        if not waiting[0] or main_line[DONE] == workers:
+            spent["after"] += 1
+
     pool.submit = clocked("dispatch", pool.submit)
     pool.wait = clocked("wait", pool.wait)
     results.step = clocked("copy", results.step)
-    actions = envs.action_space.sample() * 0
-    envs.reset(seed=0)
-    for _ in range(WARMUP):
-        envs.step(actions)
-    spent.update(dispatch=0.0, wait=0.0, copy=0.0)
-    wall0, cpu0 = time.perf_counter(), time.thread_time()
-    for _ in range(rounds):
-        envs.step(actions)
-    wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
+    R.CopyOut.block = copy_block
+    try:
+        actions = envs.action_space.sample() * 0
+        envs.reset(seed=0)
+        for _ in range(WARMUP):
+            envs.step(actions)
+        spent.update(dispatch=0.0, wait=0.0, copy=0.0, early=0.0, after=0.0)
+        wall0, cpu0 = time.perf_counter(), time.thread_time()
+        for _ in range(rounds):
+            envs.step(actions)
+        wall, cpu = time.perf_counter() - wall0, time.thread_time() - cpu0
+    finally:
+        R.CopyOut.block = block
     per = 1e6 / rounds
+    copied_by_block = results.copy_out() is not None
     return {
         "cpu_us": cpu * per,
         "wall_us": wall * per,
@@ -85,6 +152,8 @@ def timed(envs, rounds: int) -> dict[str, float]:
         "wait_us": spent["wait"] * per,
         "collect_us": (wall - spent["dispatch"] - spent["wait"]) * per,
         "copy_us": spent["copy"] * per,
+        "early_copy_us": spent["early"] * per,
+        "blocks_after_last": spent["after"] / rounds if copied_by_block else float(workers),
     }
 
 
@@ -120,11 +189,11 @@ def instructions(workers: int, obs: str, rounds: int) -> float:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", default="1,2,4,8,16,32,64", help="comma-separated worker counts")
-    parser.add_argument("--obs", default="none,pong", help=f"comma-separated, from {list(OBS)}")
+    parser.add_argument("--workers", help="comma-separated worker counts (default: WORKERS, per obs kind)")
+    parser.add_argument("--obs", default="none,pong,pong-300us", help=f"comma-separated, from {list(OBS)}")
     parser.add_argument("--rounds", type=int, default=2000, help="timed rounds per cell (default 2000)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per cell, the median kept (default 3)")
-    parser.add_argument("--instruction-rounds", type=int, default=300, help="rounds counted under callgrind")
+    parser.add_argument("--instruction-rounds", type=int, default=2000, help="rounds counted under callgrind")
     parser.add_argument("--no-instructions", action="store_true", help="skip the callgrind counts")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--write-docs", action="store_true", help="write the tables into docs/benchmarks.md")
@@ -143,13 +212,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     counting = not args.no_instructions and shutil.which("valgrind") is not None
     rows = []
     for obs in args.obs.split(","):
-        for workers in [int(w) for w in args.workers.split(",")]:
+        for workers in [int(w) for w in (args.workers or WORKERS[obs]).split(",")]:
             with build(workers, obs) as envs:
-                runs = [timed(envs, args.rounds) for _ in range(args.repeats)]
-            row = {"obs": obs, "workers": workers}
-            for key in runs[0]:
+                shared = [timed(envs, args.rounds) for _ in range(args.repeats)]
+            with own_core(workers, obs) as envs:
+                own = None if envs is None else [timed(envs, args.rounds) for _ in range(args.repeats)]
+            row: dict = {"obs": obs, "workers": workers}
+            for key in shared[0]:  # the caller's CPU and its copying with a core of its own, the rest shared
+                runs = own if own is not None and key in OWN_CORE else shared
                 row[key] = float(np.median([r[key] for r in runs]))
-            if counting:
+            row["cpu_shared_us"] = float(np.median([r["cpu_us"] for r in shared]))
+            if own is None:
+                row["cpu_us"] = None
+            if counting and obs in COUNTED:
                 row["instructions"] = instructions(workers, obs, args.instruction_rounds)
             rows.append(row)
             print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
@@ -165,18 +240,30 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     """The results as the Markdown table docs/benchmarks.md quotes (a test compares them)."""
-    keys = ["cpu_us", "instructions", "dispatch_us", "wait_us", "collect_us", "copy_us", "wall_us"]
+    keys = ["cpu_us", "cpu_shared_us", "instructions", "dispatch_us", "wait_us", "collect_us", "copy_us",
+            "early_copy_us", "blocks_after_last", "wall_us"]  # fmt: skip
     keys = [k for k in keys if k in rows[0]]
-    heads = {"cpu_us": "CPU us", "instructions": "instructions", "dispatch_us": "dispatch us", "wait_us": "wait us",
-             "collect_us": "collect us", "copy_us": "of which copy us", "wall_us": "wall us"}  # fmt: skip
-    out = ["| obs | workers | " + " | ".join(heads[k] for k in keys) + " | CPU / at 2 | instructions / at 2 |"]
-    out.append("|---|---:|" + "---:|" * (len(keys) + 2))
+    heads = {"cpu_us": "CPU us, own core", "cpu_shared_us": "CPU us, shared", "instructions": "instructions",
+             "dispatch_us": "dispatch us", "wait_us": "wait us", "collect_us": "collect us",
+             "copy_us": "of which copy us", "early_copy_us": "copied in the wait us",
+             "blocks_after_last": "blocks copied after the last", "wall_us": "wall us"}  # fmt: skip
+    ratios = [k for k in ("cpu_us", "cpu_shared_us", "instructions") if k in rows[0]]
+    names = {"cpu_us": "CPU own / at 2", "cpu_shared_us": "CPU shared / at 2", "instructions": "instructions / at 2"}
+    out = ["| obs | workers | " + " | ".join([heads[k] for k in keys] + [names[k] for k in ratios]) + " |"]
+    out.append("|---|---:|" + "---:|" * (len(keys) + len(ratios)))
+
+    def cell(key: str, value: float | None) -> str:
+        if value is None:
+            return "-"
+        return f"{value:,.0f}" if key == "instructions" else f"{value:.1f}"
+
     for row in rows:
         base = next((r for r in rows if r["obs"] == row["obs"] and r["workers"] == 2), None)
-        cpu = f"{row['cpu_us'] / base['cpu_us']:.2f}x" if base else "-"
-        ins = f"{row['instructions'] / base['instructions']:.2f}x" if base and "instructions" in row else "-"
-        cells = [f"{row[k]:,.0f}" if k == "instructions" else f"{row[k]:.1f}" for k in keys]
-        out.append(f"| {row['obs']} | {row['workers']} | " + " | ".join(cells) + f" | {cpu} | {ins} |")
+        cells = [cell(k, row.get(k)) for k in keys]
+        for k in ratios:
+            ok = base is not None and row.get(k) is not None and base.get(k)
+            cells.append(f"{row[k] / base[k]:.2f}x" if ok else "-")  # type: ignore[index]
+        out.append(f"| {row['obs']} | {row['workers']} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -190,12 +277,12 @@ def format_projection(rows: list[dict], workers: tuple[int, ...] = (16, 64)) -> 
 
         efficiency = step / (step + serial + wake)
 
-    ``serial`` is the caller's CPU per round at that many workers (its work between the
-    blocks' steps), ``wake`` the part of a round at 2 workers that is neither the caller's CPU
-    nor a step (the wake-up round trip).
+    ``serial`` is the caller's CPU per round at that many workers with a core of its own (its
+    work between the blocks' steps), ``wake`` the part of a round at 2 workers that is neither
+    the caller's CPU nor a step (the wake-up round trip, every core shared).
     """
     small = {r["workers"]: r for r in rows if r["obs"] == "none"}
-    wake = max(0.0, small[2]["wall_us"] - small[2]["cpu_us"])
+    wake = max(0.0, small[2]["wall_us"] - small[2]["cpu_shared_us"])
     out = ["| env (step per block) | " + " | ".join(f"{w} cores" for w in workers) + " |"]
     out.append("|---|" + "---:|" * len(workers))
     for name, step in PROJECTED_STEPS.items():
@@ -203,7 +290,9 @@ def format_projection(rows: list[dict], workers: tuple[int, ...] = (16, 64)) -> 
         out.append(f"| {name} | " + " | ".join(cells) + " |")
     out.append("")
     serial = ", ".join(f"{small[w]['cpu_us']:.0f} us at {w}" for w in workers)
-    out.append(f"(serial: the caller's CPU per round, {serial}; wake: {wake:.0f} us, from 2 workers)")
+    out.append(
+        f"(serial: the caller's CPU per round on a core of its own, {serial}; wake: {wake:.0f} us, from 2 workers)"
+    )
     return "\n".join(out)
 
 

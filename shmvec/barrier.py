@@ -1,6 +1,5 @@
 """The full memory barrier that publishes the words of the shared segment (:func:`fence`), and
-the one atomic operation, an add to a word (:func:`adder`: the count of a broadcast round's
-finished workers).
+the one atomic operation, a worker counting itself done in a broadcast round (:func:`counter`).
 
 The handoff between the calling process and its workers is lock-free: plain stores of results
 (or actions), then a flag word (``DONE``, ``GO``), read by a process spinning on that flag. On
@@ -19,30 +18,52 @@ machine's own choice should be overridden (tests run the compiled one on x86-64 
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 import threading
 from collections.abc import Callable
+from typing import Any
 
-__all__ = ["FENCE_IR", "KIND", "adder", "assembly", "fence", "prepare"]
+from shmvec.protocol import DONE, STATUS
+
+__all__ = ["FENCE_IR", "KIND", "assembly", "counter", "fence", "prepare"]
 
 # Architectures whose stores are seen in program order, where a locked instruction is a full barrier.
 STRONGLY_ORDERED = {"x86_64", "amd64", "i386", "i686", "x86"}
 
 # The barrier, in LLVM's IR: sequentially consistent, so it orders every earlier load and store
-# before every later one (x86-64: a locked `or`; aarch64: `dmb ish`).
+# before every later one (x86-64: a locked `or`; aarch64: `dmb ish`). And a worker's count in a
+# broadcast round, on main's control line (@shmvec_line, set once per process, so that a call
+# converts one argument, a third of the cost of passing the address too): one is added to its
+# STATUS word if the command failed, then to its DONE word (sequentially consistent
+# read-modify-writes: `lock xadd` on x86-64, `ldaxr`/`stlxr` or `ldaddal` on aarch64), then
+# the full barrier that orders the count before the caller's read of main's SLEEPING
+# (ordering [COUNT] and [SLEEP]); it returns the count, this worker included.
 FENCE_IR = """
 define void @shmvec_fence() {
   fence seq_cst
   ret void
 }
 
-define i64 @shmvec_add(ptr %p, i64 %v) {
-  %old = atomicrmw add ptr %p, i64 %v seq_cst
-  ret i64 %old
+@shmvec_line = global ptr null
+
+define i64 @shmvec_count(i64 %failed) {
+entry:
+  %line = load ptr, ptr @shmvec_line
+  %bad = icmp ne i64 %failed, 0
+  br i1 %bad, label %fail, label %count
+fail:
+  %status = getelementptr i64, ptr %line, i64 STATUS
+  %s = atomicrmw add ptr %status, i64 1 seq_cst
+  br label %count
+count:
+  %done = getelementptr i64, ptr %line, i64 DONE
+  %old = atomicrmw add ptr %done, i64 1 seq_cst
+  fence seq_cst
+  %n = add i64 %old, 1
+  ret i64 %n
 }
-"""
+""".replace("STATUS", str(STATUS)).replace("DONE", str(DONE))
 
 _lock = threading.Lock()
 
@@ -56,12 +77,12 @@ def _lock_fence() -> None:
 
 
 _engine = None  # the compiled functions' JIT engine, kept alive with them
-_compiled: dict[str, Callable] = {}
+_compiled: dict[str, Any] = {}  # the ctypes functions, and the count's line pointer
 
 
-def _compile() -> dict[str, Callable]:
+def _compile() -> dict[str, Any]:
     """The IR's functions, compiled for this machine once per process (a forked worker inherits
-    them), as ctypes functions: ``fence()`` (about 0.1 us a call), ``add(address, value)``.
+    them), as ctypes functions: ``fence()`` (about 0.1 us a call), ``count(failed)``.
     """
     if _compiled:
         return _compiled
@@ -77,9 +98,8 @@ def _compile() -> dict[str, Callable]:
     _engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
     _engine.finalize_object()
     _compiled["fence"] = ctypes.CFUNCTYPE(None)(_engine.get_function_address("shmvec_fence"))
-    _compiled["add"] = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)(
-        _engine.get_function_address("shmvec_add")
-    )
+    _compiled["count"] = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(_engine.get_function_address("shmvec_count"))
+    _compiled["line"] = ctypes.c_void_p.from_address(_engine.get_global_value_address("shmvec_line"))
     return _compiled
 
 
@@ -90,12 +110,17 @@ def prepare() -> None:
     _compile()
 
 
-def adder(address: int) -> Callable[[int], int]:
-    """``add(value)``: add ``value`` to the int64 word at ``address`` atomically (a sequentially
-    consistent read-modify-write: ``lock xadd`` on x86-64, ``ldaxr``/``stlxr`` or ``ldaddal`` on
-    aarch64); returns the word's value before.
+def counter(main_line: int) -> Callable[[int], int]:
+    """``count(failed)``: count this worker done in a broadcast round on main's control line,
+    at address ``main_line`` (its int64 words): one atomic add to its ``STATUS`` word if
+    ``failed`` is not 0, one to its ``DONE`` word, then a full barrier; returns ``DONE`` after
+    the add.
+
+    One line per process (a worker's main line): a second call moves the count there.
     """
-    return functools.partial(_compile()["add"], address)
+    compiled = _compile()
+    compiled["line"].value = main_line
+    return compiled["count"]
 
 
 def assembly(triple: str) -> str:

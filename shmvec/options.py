@@ -34,7 +34,7 @@ class Options:
     (``autoreset_mode``), and every value checked, with errors that name the option.
     """
 
-    num_workers: int | None = dataclasses.field(default=None, metadata=WORKER)
+    num_workers: int | None = None
     batch_size: int | None = None
     step_in_main: bool = False
     autoreset_mode: AutoresetMode | str = dataclasses.field(default=AutoresetMode.NEXT_STEP, metadata=WORKER)

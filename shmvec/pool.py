@@ -34,7 +34,7 @@ from shmvec.info_columns import InfoLayout, InfoSchema
 from shmvec.joining import Joining, Segments
 from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.options import Options
-from shmvec.protocol import DONE, Command, Status
+from shmvec.protocol import ANY_BLOCK, DONE, Command, Status, at_count
 from shmvec.segment import Segment
 from shmvec.stepper import Stepper, close_all
 from shmvec.sync import block_until, readable, ring, spin_policies, spin_until
@@ -181,6 +181,7 @@ class WorkerPool:
         self._counted = False  # the round in flight is a broadcast: its workers count themselves done
         self._roots = P.relay_children(None, num_workers)  # the workers main wakes in a broadcast round
         self._counted_done: Callable[[], bool] = lambda: False  # see _lay_out
+        self._everyone = at_count(num_workers)  # main's SLEEPING for a broadcast round's last worker
 
         prepare_barrier()  # (the workers' atomic add, compiled once here: forked workers inherit it)
         self.joining = Joining(
@@ -469,12 +470,17 @@ class WorkerPool:
             return main.result is not None
         return self.lines[block][DONE] == self._target[block]
 
-    def wait(self, block_ids: list[int], count: int, timeout: float | None) -> Failures:
+    def wait(
+        self, block_ids: list[int], count: int, timeout: float | None, on_done: Callable[[int], None] | None = None
+    ) -> Failures:
         """Spin, then block, until ``count`` blocks of ``block_ids`` have finished or failed.
 
         Returns the failures (dead or timed-out workers, which count as finished). The main
         block's submitted command runs here, unless ``count`` worker blocks submitted before it
-        have finished already (they are what the caller gets first).
+        have finished already (they are what the caller gets first). ``on_done(block)``, if
+        given, is called in a broadcast round with each block that finished without failing,
+        as soon as this process sees it done, while the others still run (the caller takes
+        that block's results then); it may miss a block: the caller takes what it missed after.
         """
         failures: Failures = {}
         main = self.main
@@ -490,11 +496,13 @@ class WorkerPool:
                     except BaseException:  # KeyboardInterrupt, SystemExit: the block is half stepped
                         self.state = PoolState.BROKEN
                         raise
+                    if on_done is not None and main.result[1] is None:  # type: ignore[index]
+                        on_done(m)
                     count -= 1
             else:
                 count -= 1
         if count > 0 and block_ids:
-            self._wait_workers(block_ids, count, timeout, failures)
+            self._wait_workers(block_ids, count, timeout, failures, on_done)
         if count < len(block_ids):
             # The caller is served while some blocks are still out: look at those anyway.
             self._check_late(block_ids, failures, time.perf_counter())
@@ -507,9 +515,16 @@ class WorkerPool:
         target, lines, mine = self._target, self.lines, self._target[main]
         return sum(1 for b in block_ids if target[b] < mine and lines[b][DONE] == target[b])
 
-    def _wait_workers(self, block_ids: list[int], count: int, timeout: float | None, failures: Failures) -> None:
+    def _wait_workers(
+        self,
+        block_ids: list[int],
+        count: int,
+        timeout: float | None,
+        failures: Failures,
+        on_done: Callable[[int], None] | None,
+    ) -> None:
         """Spin, then block, until ``count`` worker blocks of ``block_ids`` have finished or
-        failed (the failures go into ``failures``).
+        failed (the failures go into ``failures``); ``on_done`` as in :meth:`wait`.
         """
         policy = self._wait_policy
         t0 = time.perf_counter()
@@ -518,7 +533,7 @@ class WorkerPool:
         # A broadcast round is done when its count is (one word); another round for every worker
         # when each block's DONE is (each read until seen done).
         counted = every_worker and self._counted
-        all_done = self._counted_done if counted else self._all_done
+        all_done, counted_wake = self._done_test(counted, on_done)
         if every_worker and spin_until(all_done, policy):
             policy.update(time.perf_counter() - t0)
             fence()  # ordering [DONE]: DONE seen before the results are read
@@ -540,9 +555,10 @@ class WorkerPool:
         wide = True  # a broadcast round's wait watches every worker's sentinel
         while True:
             # Waiting for every worker, main sleeps until the last of a broadcast round rings it
-            # (SLEEPING -2, watching every worker), or names the first worker not done and
-            # watches that one alone: only it rings, and main reaches each in turn (a later one
-            # that died or hangs is found when named). After a failure, any worker rings (-1).
+            # (or the next to finish, taking each block's results), watching every worker; or
+            # it names the first worker not done and watches that one alone: only it rings,
+            # and main reaches each in turn (a later one that died or hangs is found when
+            # named). After a failure, any worker rings.
             named = every_worker and not failures
             if named and all_done():
                 break
@@ -562,7 +578,7 @@ class WorkerPool:
                     self.workers.done_fd,
                     sentinels if watch is self.worker_blocks else [sentinels[b] for b in watch],
                     remaining,
-                    announce=(-2 if counted else self._first_not_done) if named else -1,
+                    announce=(counted_wake if counted else self._first_not_done) if named else ANY_BLOCK,
                 )
             except TimeoutError:
                 dead = []
@@ -573,6 +589,48 @@ class WorkerPool:
                 break
         policy.update(time.perf_counter() - t0)
         fence()  # ordering [DONE]
+
+    def _done_test(
+        self, counted: bool, on_done: Callable[[int], None] | None
+    ) -> tuple[Callable[[], bool], int | Callable[[], int]]:
+        """The test of a round for every worker done, and main's ``SLEEPING`` in a broadcast round."""
+        if not counted:
+            return self._all_done, self._everyone
+        if on_done is None:
+            return self._counted_done, self._everyone
+        return self._each_done(on_done)
+
+    def _each_done(self, on_done: Callable[[int], None]) -> tuple[Callable[[], bool], Callable[[], int]]:
+        """A broadcast round's test of done that also hands ``on_done`` each worker block as it
+        is seen done, and main's ``SLEEPING`` for its next sleep: rung once half the blocks not
+        handed out yet have finished, the last alone (``at_count``: main's count word says how
+        many finished, not which; each worker wrote its own ``DONE`` before it counted itself).
+        Main wakes about log2(workers) times a round, not once per block, and the block that
+        finishes last is the one left to take after the round.
+        """
+        lines, main_line, seq = self.lines, self.main_line, self._all_seq
+        workers = len(self.worker_blocks)
+        left = list(self.worker_blocks)  # the blocks not handed out yet
+        counted = [0]  # the count when they were last looked at
+
+        def done() -> bool:
+            n = main_line[DONE]
+            if n != counted[0]:
+                counted[0] = n
+                fence()  # ordering [COUNT]: the count before the DONE words of the workers it counts
+                finished = [b for b in left if lines[b][DONE] == seq]
+                if finished:
+                    fence()  # ordering [DONE]: each DONE seen before that block's results are read
+                    for block in finished:
+                        left.remove(block)
+                        on_done(block)
+            return n == workers
+
+        def wake() -> int:  # rung when half the blocks still out have finished (the last: alone)
+            copied = workers - len(left)
+            return at_count(min(copied + max(1, (workers - copied) // 2), workers))
+
+        return done, wake
 
     def _first_not_done(self) -> int:
         """Main's ``SLEEPING`` while it waits for every worker: ``k + 1``, ``k`` the first worker
@@ -663,6 +721,7 @@ class WorkerPool:
         block_ids: list[int] | None = None,
         arg: int = 0,
         fd: int | None = None,
+        on_done: Callable[[int], None] | None = None,
     ) -> tuple[list, Failures]:
         """Run ``cmd`` on every block (or on ``block_ids``) and wait; return ``(replies, failures)``.
 
@@ -671,13 +730,14 @@ class WorkerPool:
         say). ``failures`` maps each block that failed to its exception: :class:`WorkerError`
         (an env raised; the worker lives on), :class:`WorkerDied` or :class:`StepTimeout` (the
         worker is gone). The caller decides: raise (see :meth:`raise_first`) or restart those blocks.
+        ``on_done``: see :meth:`wait`.
         """
         if timeout is None:
             timeout = self.timeout
         ids = self.all_blocks if block_ids is None else block_ids
         self.submit(cmd, ids, payloads, arg, fd, BlockState.IDLE)
         try:
-            failures = self.wait(ids, len(ids), timeout)
+            failures = self.wait(ids, len(ids), timeout, on_done)
         except KeyboardInterrupt:
             # Ctrl-C while the blocks run: they finish the command on their own. In flight, the
             # next receive (a drain) waits for them and drops their results; the pool goes on.

@@ -43,7 +43,7 @@ CMD = 1  # command code, written by main
 PAYLOAD = 2  # 1 when a pickled payload follows on the worker's pipe
 DONE = 3  # sequence number of the last finished command, written by the worker
 STATUS = 4  # result of the last command, written by the worker
-SLEEPING = 5  # set while the owner of this line blocks: a worker's 1; main's -1 (any block) or k + 1 (block k)
+SLEEPING = 5  # set while the owner of this line blocks: a worker's 1; main's, see ANY_BLOCK and at_count
 ARG = 6  # the command's argument (ROLLOUT_STEP: the row), written by main
 REPLY_LEN = 7  # bytes of the pickled reply in the block's ``replies`` row, or -1: it follows on the pipe
 
@@ -70,6 +70,18 @@ def relay_children(block: int | None, num_workers: int) -> range:
     """The workers that worker ``block`` wakes in a broadcast round (``None``: main's)."""
     first, count = (0, ROOTS) if block is None else (ROOTS + RELAY * block, RELAY)
     return range(first, min(first + count, num_workers))
+
+
+# Main's SLEEPING says which finisher rings it: ANY_BLOCK, any worker; k + 1, worker k (a round
+# posted per block); at_count(n), in a broadcast round, the worker whose atomic add makes the
+# round's count of workers done n (at_count(workers): the last; n below that: main takes each
+# block's results as the block finishes).
+ANY_BLOCK = -1
+
+
+def at_count(n: int) -> int:
+    """Main's ``SLEEPING`` while it waits for a broadcast round's count to reach ``n`` (>= 1)."""
+    return -1 - n
 
 
 # A block's row of the ``replies`` region: a pickled reply up to this size travels there, not on

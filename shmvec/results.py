@@ -20,9 +20,14 @@ from shmvec.layout import Layout
 from shmvec.stepper import Targets
 from shmvec.tree import assemble
 
-__all__ = ["Results", "SharedBuffers"]
+__all__ = ["CopyOut", "Results", "SharedBuffers"]
 
 Index = slice | np.ndarray  # the envs of a batch: a slice when they are adjacent
+
+# A block's observations are copied out as soon as the block finishes a step, while the others
+# still step, when they are at least this many bytes: about what a wake-up of the calling
+# process costs in copying (smaller ones are copied after the round, with one wake-up).
+COPY_AS_DONE_BYTES = 64 * 1024
 
 
 class SharedBuffers(NamedTuple):
@@ -65,7 +70,7 @@ class Results:
         Read-only views of every env's latest results.
     """
 
-    def __init__(self, space: spaces.Space, layout: Layout, views: dict[str, np.ndarray]) -> None:
+    def __init__(self, space: spaces.Space, layout: Layout, views: dict[str, np.ndarray], blocks: list[range]) -> None:
         self.space = space
         self.leaves = layout.obs_leaves
         obs = layout.leaf_views(views, "obs")
@@ -80,6 +85,15 @@ class Results:
         self._flat = len(self.leaves) == 1 and not self.leaves[0].path
         # Variable-size leaves: batched as a tuple of one object per env, as Gymnasium does.
         self._pickled = [leaf.pickled for leaf in self.leaves] if layout.pickled("obs/") else None
+        row_bytes = sum(v[0].nbytes for v in obs) if len(obs[0]) else 0
+        largest = max(len(block) for block in blocks)
+        self._blocks = blocks if self._pickled is None and largest * row_bytes >= COPY_AS_DONE_BYTES else None
+
+    def copy_out(self) -> CopyOut | None:
+        """Where the next step's observations are copied block by block as the blocks finish
+        (:meth:`step` takes it); ``None`` where they are copied after the round (small ones).
+        """
+        return None if self._blocks is None else CopyOut(self.home.obs, self._blocks)
 
     def observations(self, copy: bool) -> Any:
         """Every env's latest observation."""
@@ -87,16 +101,19 @@ class Results:
             return self._with_objects(slice(None), True, copy)
         if not copy:
             return self.buffers.obs
-        obs = self.home.obs
-        if self._flat:
-            return obs[0].copy()
-        return assemble(self.space, [v.copy() for v in obs])
+        return self._tree([v.copy() for v in self.home.obs])
 
-    def step(self, copy: bool) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
-        """``(obs, rewards, terminations, truncations)`` of every env."""
+    def _tree(self, leaves: list[np.ndarray]) -> Any:
+        return leaves[0] if self._flat else assemble(self.space, leaves)
+
+    def step(self, copy: bool, taken: CopyOut | None = None) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+        """``(obs, rewards, terminations, truncations)`` of every env; with ``copy``, the
+        observations are ``taken``'s where the step copied them as its blocks finished.
+        """
         home = self.home
         if copy:
-            return self.observations(True), home.rewards.copy(), home.terminations.copy(), home.truncations.copy()
+            obs = self.observations(True) if taken is None else self._tree(taken.finish())
+            return obs, home.rewards.copy(), home.terminations.copy(), home.truncations.copy()
         obs = self.buffers.obs if self._pickled is None else self.observations(False)
         return obs, self._rewards_ro, self._terms_ro, self._truncs_ro
 
@@ -147,3 +164,32 @@ class Results:
             if not finite.all():
                 env = int(np.arange(len(arr))[index][np.argwhere(~finite)[0][0]])
                 raise NonFiniteError(f"env {env} returned a non-finite {name}: {arr[env]!r}", env)
+
+
+class CopyOut:
+    """Owned copies of every env's observations, taken one block at a time: each block as it
+    finishes a step (:meth:`block`, ``WorkerPool.wait``'s ``on_done``), what is left after it
+    (:meth:`finish`: blocks that failed, were restarted, or finished unseen).
+    """
+
+    __slots__ = ("leaves", "_src", "_blocks", "_left")
+
+    def __init__(self, src: list[np.ndarray], blocks: list[range]) -> None:
+        self.leaves = [np.empty_like(v) for v in src]
+        self._src, self._blocks = src, blocks
+        self._left = [True] * len(blocks)
+
+    def block(self, block: int) -> None:
+        """Copy the observations of ``block``'s envs, which it finished writing."""
+        rows = self._blocks[block]
+        index = slice(rows.start, rows.stop)
+        for dst, src in zip(self.leaves, self._src):
+            dst[index] = src[index]
+        self._left[block] = False
+
+    def finish(self) -> list[np.ndarray]:
+        """The copies, once the blocks not copied yet are."""
+        for block, left in enumerate(self._left):
+            if left:
+                self.block(block)
+        return self.leaves

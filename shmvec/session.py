@@ -29,7 +29,7 @@ from shmvec.options import Options
 from shmvec.pool import BlockState, Failures, PoolState, WorkerPool
 from shmvec.protocol import Command, Restart
 from shmvec.protocol import restart as restart_of
-from shmvec.results import Results
+from shmvec.results import CopyOut, Results
 from shmvec.step_hooks import StepHooks
 from shmvec.stepper import Targets
 
@@ -76,7 +76,7 @@ class Session:
         self.closing = ClosingOnError(weakref.ref(owner), pool)
         obs_space, layout, views = pool.spaces.observation_space, pool.layout, pool.views
         self.actions = ActionBatch(pool.spaces.action_space, options.validate_actions)
-        self.results = Results(obs_space, layout, views)
+        self.results = Results(obs_space, layout, views, pool.blocks)
         self.home: Targets = self.results.home
         self.infos = InfoMerger(obs_space, layout.obs_leaves, pool.num_envs)
         self.autoreset = views["autoreset"]
@@ -132,10 +132,13 @@ class Session:
             self.finite(self.home, rewards=False)
         return infos
 
-    def step(self, cmd: int, actions: Any, out: Targets, arg: int = 0) -> tuple[dict, Sequence[int]]:
+    def step(
+        self, cmd: int, actions: Any, out: Targets, arg: int = 0, taken: CopyOut | None = None
+    ) -> tuple[dict, Sequence[int]]:
         """A STEP, or ROLLOUT_STEP into row ``arg``, of every env with ``actions``, written into
         ``out``: the hooks around it, ``on_error`` applied, then :meth:`_after`. Returns
-        ``(infos, envs restarted)``.
+        ``(infos, envs restarted)``. ``taken`` (:meth:`Results.copy_out`) copies each block's
+        observations as the block finishes.
         """
         hooks = self.hooks
         hooks.enter()
@@ -143,7 +146,7 @@ class Session:
             self.write_actions(actions, out.act)
             if out is self.home and self.latest is not out.obs:
                 self.to_home()
-            replies, failures = self._run(cmd, None, arg, None)
+            replies, failures = self._run(cmd, None, arg, None, None if taken is None else taken.block)
             restarted: Sequence[int] = NO_ENVS
             if failures:
                 restarted = self.settle(failures, restart_of(cmd), out)
@@ -232,11 +235,18 @@ class Session:
                 dst[...] = src
             self.latest = home
 
-    def _run(self, cmd: int, payloads: list | None, arg: int, block_ids: list[int] | None) -> tuple[list, Failures]:
+    def _run(
+        self,
+        cmd: int,
+        payloads: list | None,
+        arg: int,
+        block_ids: list[int] | None,
+        on_done: Callable[[int], None] | None = None,
+    ) -> tuple[list, Failures]:
         self.held = None
         with self.closing:
             try:
-                return self.pool.run(cmd, payloads, arg=arg, block_ids=block_ids)
+                return self.pool.run(cmd, payloads, arg=arg, block_ids=block_ids, on_done=on_done)
             except KeyboardInterrupt:
                 # The round finishes in the workers and is dropped (ClosingOnError keeps the env
                 # open): its results are lost, so the caller starts again from a reset.

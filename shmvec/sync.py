@@ -145,21 +145,25 @@ def block_until(
 ) -> list[int]:
     """Block on ``wake_fd`` (and ``watch`` fds) until ``done()``; announce it in ``ctrl_line``.
 
-    ``announce`` is the ``SLEEPING`` value written before each sleep: a worker's 1; main's -1
-    (any worker rings it), -2 (the last worker of a broadcast round rings it) or, a callable,
-    ``k + 1`` for the one block ``k`` it waits for (only that worker rings it; ``done()`` moves
-    ``k`` on). Returns the fds in ``watch`` that became readable (sentinels of processes that
-    died), or an empty list when ``done()`` became true or the block named moved on (the caller
-    looks, and names the next one). Raises ``TimeoutError`` after ``timeout`` seconds (``None``:
-    never).
+    ``announce`` is the ``SLEEPING`` value written before each sleep: a worker's 1; main's
+    ``protocol.ANY_BLOCK`` (any worker rings it), ``protocol.at_count(n)`` (the worker whose
+    count makes a broadcast round's n rings it) or ``k + 1`` (worker ``k`` rings it). A callable
+    gives the value that ``done()`` moves on (the next block, or the next count). Returns the
+    fds in ``watch`` that became readable (sentinels of processes that died), or an empty list
+    when ``done()`` became true or the value named moved on (the caller looks, and names the
+    next one). Raises ``TimeoutError`` after ``timeout`` seconds (``None``: never).
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     fds = [wake_fd, *watch]
-    moving = announce if callable(announce) else None
-    named = announce if moving is None else moving()
+    finished = done
+    if callable(announce):
+        moving, named = announce, announce()
 
-    def finished() -> bool:  # done, or the block it named is done: the caller names the next one
-        return done() or (moving is not None and moving() != named)
+        def finished() -> bool:  # done, or the value named moved on: the caller names the next one
+            return done() or moving() != named
+
+    else:
+        named = announce
 
     try:
         while True:

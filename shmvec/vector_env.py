@@ -289,8 +289,10 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
                 "with reset(options={'reset_mask': mask})"
             )
         session.drain()
-        infos, _ = session.step(_STEP, actions, session.home)
-        return (*session.results.step(self.copy), infos)
+        # Large observations are copied out block by block, as the blocks finish.
+        taken = session.results.copy_out() if self.copy else None
+        infos, _ = session.step(_STEP, actions, session.home, taken=taken)
+        return (*session.results.step(self.copy, taken), infos)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read the attribute if not callable)."""

@@ -15,6 +15,7 @@ import os
 import signal
 
 from shmvec.protocol import (
+    ANY_BLOCK,
     ARG,
     CMD,
     DONE,
@@ -40,6 +41,7 @@ from shmvec.worker_threads import cap_libraries, cap_variables
 
 _STEP, _RESET, _CLOSE = int(Command.STEP), int(Command.RESET), int(Command.CLOSE)
 _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
+_ANY = ANY_BLOCK
 
 
 def worker_main(
@@ -72,7 +74,7 @@ def worker_main(
         if attached is None:
             return
         stepper, views, layout = attached
-        counters = _round_counters(views["ctrl"], options.num_workers)  # (compiled before Ready, if not inherited)
+        count = _main_counter(views["ctrl"])  # (compiled before Ready, if not inherited)
         conn.send(Ready())
         parent = mp.parent_process()
         _serve(
@@ -85,7 +87,7 @@ def worker_main(
             wake_r.fileno(),
             done_w.fileno(),
             [(child, w.fileno()) for child, w in relay],
-            counters,
+            count,
             options.spin,
             parent.sentinel if parent is not None else None,
             bool(layout.pickled("obs/")),
@@ -162,7 +164,7 @@ def _serve(
     wake_r: int,
     done_w: int,
     relay: list[tuple[int, int]],
-    counters: tuple,
+    count,
     policy,
     parent_sentinel: int | None,
     pickled_obs: bool,
@@ -174,8 +176,8 @@ def _serve(
     every worker at once, on main's line (the broadcast ``GO``): then this worker first wakes
     the workers of ``relay`` (``(block, wake pipe's write end)``, its children in the wake-up
     tree, ``protocol.relay_children``) that sleep; once done, it counts itself on main's line
-    (``counters``: the adds to main's DONE and STATUS words, and the number of workers), and
-    the last of them rings main.
+    (``count``, ``barrier.counter``: the adds to main's DONE and STATUS words), and the one
+    whose count main named rings it (``protocol.at_count``).
     """
     import time
 
@@ -189,14 +191,12 @@ def _serve(
     clock = time.perf_counter
 
     me = block + 1  # main's SLEEPING when it waits for this block in particular
-    count_done, count_failed, workers = counters
-    last = False
     relayed = [(lines[child], fd) for child, fd in relay]
 
     # A new command is a GO past the last one served, on this line or main's (the broadcast):
     # sequence numbers only grow, and can jump (a restart addresses only the restarted blocks).
-    def arrived() -> bool:
-        return mine[GO] > seq or main_line[GO] > seq
+    def arrived() -> bool:  # (main's first: a training loop's rounds are broadcasts)
+        return main_line[GO] > seq or mine[GO] > seq
 
     t1 = clock()  # as the last command was seen
     while True:
@@ -217,7 +217,8 @@ def _serve(
         broadcast = int(main_line[GO])
         broadcast_round = broadcast > seq  # every worker's command (one is pending at most)
         if broadcast_round:
-            _relay(relayed, ring)
+            if relayed:
+                _relay(relayed, ring)
             seq, cmd, arg, payload = broadcast, int(main_line[CMD]), int(main_line[ARG]), None
         else:
             seq, cmd, arg = int(mine[GO]), int(mine[CMD]), int(mine[ARG])
@@ -233,13 +234,13 @@ def _serve(
         mine[STATUS] = status
         fence()  # ordering [DONE]: the results, the reply and STATUS (and the actions' reads) before DONE
         mine[DONE] = seq
-        if broadcast_round:  # ordering [COUNT]: atomic adds, after this block's DONE
-            if status != _OK:
-                count_failed(1)
-            last = count_done(1) + 1 == workers
-        fence()  # ordering [SLEEP]: DONE (and the count) before reading main's SLEEPING
-        waits = main_line[SLEEPING]  # -1: for any block; k + 1: for block k; -2: for the last
-        if waits == -1 or waits == me or (waits == -2 and broadcast_round and last):
+        if broadcast_round:  # ordering [COUNT]: atomic adds after this block's DONE, then [SLEEP]'s barrier
+            counted = count(status)  # (Status.OK is 0: any other counts as failed)
+        else:
+            counted = 0
+            fence()  # ordering [SLEEP]: DONE before reading main's SLEEPING
+        waits = main_line[SLEEPING]  # protocol.ANY_BLOCK, me, or at_count(n): rung by the n-th
+        if waits == _ANY or waits == me or waits == -1 - counted:
             ring(done_w)
         if piped:
             conn.send_bytes(reply)
@@ -256,14 +257,13 @@ def _relay(relayed: list, ring) -> None:
             ring(fd)
 
 
-def _round_counters(ctrl, workers: int) -> tuple:
-    """The atomic adds to main's DONE and STATUS words (the count of a broadcast round's workers
-    done, and of those whose status is not OK), and the number of workers.
+def _main_counter(ctrl):
+    """``count(failed)``, this worker's count in a broadcast round on main's line (the last of
+    ``ctrl``): the round's workers done, and those whose status is not OK (``barrier.counter``).
     """
-    from shmvec.barrier import adder
+    from shmvec.barrier import counter
 
-    line = ctrl.ctypes.data + (len(ctrl) - 1) * ctrl.strides[0]  # main's line, the last
-    return adder(line + DONE * 8), adder(line + STATUS * 8), workers
+    return counter(ctrl.ctypes.data + (len(ctrl) - 1) * ctrl.strides[0])
 
 
 def _execute(

@@ -80,34 +80,42 @@ def test_the_compiled_barrier_runs_the_handoff():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
-def test_the_atomic_add_is_a_locked_or_exclusive_read_modify_write():
-    x86 = barrier.assembly("x86_64-unknown-linux-gnu").split("shmvec_add:")[1]
-    arm = barrier.assembly("aarch64-unknown-linux-gnu").split("shmvec_add:")[1]
-    assert re.search(r"\block\b\s+xadd", x86)
-    assert ("ldaxr" in arm and "stlxr" in arm) or "ldaddal" in arm
+def test_the_count_is_locked_or_exclusive_read_modify_writes_then_a_barrier():
+    x86 = barrier.assembly("x86_64-unknown-linux-gnu").split("shmvec_count:")[1].split("ret")[0]
+    arm = barrier.assembly("aarch64-unknown-linux-gnu").split("shmvec_count:")[1].split("ret")[0]
+    # STATUS's add (its result unused: an increment), DONE's (its old value returned), the barrier
+    assert re.findall(r"\block\b\s+(inc|xadd|or)", x86) == ["inc", "xadd", "or"]
+    assert arm.count("ldaxr") == arm.count("stlxr") == 2 or arm.count("ldaddal") == 2
+    assert re.search(r"dmb\s+ish", arm)
 
 
-def test_adds_from_many_processes_are_never_lost():
-    """Four forked processes add to one shared word 20,000 times each: a plain read-modify-write
-    would lose some of them; the atomic add loses none."""
+def test_counts_from_many_processes_are_never_lost():
+    """Four forked processes count themselves 20,000 times each on one shared line, every other
+    time as failed: a plain read-modify-write would lose some; the atomic adds lose none, and
+    the counts returned are 1 .. 80,000, each once (each the word's value after that add)."""
     import ctypes
     import mmap
     import multiprocessing as mp
 
+    from shmvec.protocol import DONE, STATUS
+
     memory = mmap.mmap(-1, 64)
-    address = ctypes.addressof(ctypes.c_char.from_buffer(memory, 8))
+    address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
     barrier.prepare()  # compiled here: the forked processes inherit it
-
-    def add_many():
-        add = barrier.adder(address)
-        for _ in range(20_000):
-            add(1)
-
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=add_many) for _ in range(4)]
+    seen = ctx.SimpleQueue()
+
+    def count_many():
+        count = barrier.counter(address)
+        seen.put([count(i % 2) for i in range(20_000)])
+
+    procs = [ctx.Process(target=count_many) for _ in range(4)]
     for p in procs:
         p.start()
+    counts = sorted(n for _ in procs for n in seen.get())
     for p in procs:
         p.join(60)
     assert [p.exitcode for p in procs] == [0] * 4
-    assert memoryview(memory).cast("q")[1] == 80_000
+    words = memoryview(memory).cast("q")
+    assert words[DONE] == 80_000 and words[STATUS] == 40_000
+    assert counts == list(range(1, 80_001))

@@ -302,7 +302,9 @@ def _build_shmvec_async(step_in_main: bool, ordered: bool = False) -> Callable[[
         from shmvec.vector_env import ShmVecEnv
 
         blocks, layout = _layout(spec, step_in_main)
-        env = ShmVecEnv(spec.env_fns(), batch_size=spec.num_envs // blocks, ordered=ordered, **layout)
+        env = ShmVecEnv(
+            spec.env_fns(), batch_size=spec.num_envs // blocks, ordered=ordered, spin_us=spec.spin_us, **layout
+        )
         return _AsyncDriver(env, blocks)
 
     return build
