@@ -65,3 +65,10 @@ def test_caller_cost_tables_are_their_results_file():
     assert blocks == {name: make(rows) + "\n" for name, make in study.BLOCKS.items()}
     assert {r["workers"] for r in rows} >= {2, 16, 32} and {r["obs"] for r in rows} == set(study.OBS)
     assert all({"cpu_us", "cpu_shared_us", "early_copy_us", "blocks_after_last"} <= set(r) for r in rows)
+    # What the text says of the file: the caller's CPU per round, with a core of its own, within
+    # 1.5x of its CPU at 2 workers up to 32 (not with every core shared); about one block's
+    # frames left to copy after the round when blocks finish apart.
+    own = {(r["obs"], r["workers"]): r for r in rows}
+    assert all(own["none", w]["cpu_us"] <= 1.5 * own["none", 2]["cpu_us"] for w in (4, 8, 16, 32))
+    assert own["none", 32]["cpu_shared_us"] > 1.5 * own["none", 2]["cpu_shared_us"]
+    assert all(own["pong-300us", w]["blocks_after_last"] < 1.5 for w in (2, 16, 32))
