@@ -85,9 +85,11 @@ class Results:
         self._flat = len(self.leaves) == 1 and not self.leaves[0].path
         # Variable-size leaves: batched as a tuple of one object per env, as Gymnasium does.
         self._pickled = [leaf.pickled for leaf in self.leaves] if layout.pickled("obs/") else None
-        row_bytes = sum(v[0].nbytes for v in obs) if len(obs[0]) else 0
-        largest = max(len(block) for block in blocks)
-        self._blocks = blocks if self._pickled is None and largest * row_bytes >= COPY_AS_DONE_BYTES else None
+        self._blocks: list[range] | None = None  # (pickled leaves are copied after the round)
+        if self._pickled is None:
+            row_bytes = sum(v.nbytes // len(v) for v in obs)
+            if max(len(block) for block in blocks) * row_bytes >= COPY_AS_DONE_BYTES:
+                self._blocks = blocks
 
     def copy_out(self) -> CopyOut | None:
         """Where the next step's observations are copied block by block as the blocks finish
