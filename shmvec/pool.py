@@ -533,7 +533,7 @@ class WorkerPool:
         # A broadcast round is done when its count is (one word); another round for every worker
         # when each block's DONE is (each read until seen done).
         counted = every_worker and self._counted
-        all_done, counted_wake = self._done_test(counted, on_done)
+        all_done, named_wake = self._done_test(counted, on_done)
         if every_worker and spin_until(all_done, policy):
             policy.update(time.perf_counter() - t0)
             fence()  # ordering [DONE]: DONE seen before the results are read
@@ -578,7 +578,7 @@ class WorkerPool:
                     self.workers.done_fd,
                     sentinels if watch is self.worker_blocks else [sentinels[b] for b in watch],
                     remaining,
-                    announce=(counted_wake if counted else self._first_not_done) if named else ANY_BLOCK,
+                    announce=named_wake if named else ANY_BLOCK,
                 )
             except TimeoutError:
                 dead = []
@@ -593,9 +593,11 @@ class WorkerPool:
     def _done_test(
         self, counted: bool, on_done: Callable[[int], None] | None
     ) -> tuple[Callable[[], bool], int | Callable[[], int]]:
-        """The test of a round for every worker done, and main's ``SLEEPING`` in a broadcast round."""
+        """The test of a round for every worker done, and main's ``SLEEPING`` while it waits for
+        that round: a broadcast's count (``at_count``), or the first block not seen done.
+        """
         if not counted:
-            return self._all_done, self._everyone
+            return self._all_done, self._first_not_done
         if on_done is None:
             return self._counted_done, self._everyone
         return self._each_done(on_done)
