@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from shmvec.protocol import DONE, STATUS
+from shmvec.protocol import DONE
 
 __all__ = ["FENCE_IR", "KIND", "assembly", "counter", "fence", "prepare"]
 
@@ -34,11 +34,12 @@ STRONGLY_ORDERED = {"x86_64", "amd64", "i386", "i686", "x86"}
 # The barrier, in LLVM's IR: sequentially consistent, so it orders every earlier load and store
 # before every later one (x86-64: a locked `or`; aarch64: `dmb ish`). And a worker's count in a
 # broadcast round, on main's control line (@shmvec_line, set once per process, so that a call
-# converts one argument, a third of the cost of passing the address too): one is added to its
-# STATUS word if the command failed, then to its DONE word (sequentially consistent
-# read-modify-writes: `lock xadd` on x86-64, `ldaxr`/`stlxr` or `ldaddal` on aarch64), then
-# the full barrier that orders the count before the caller's read of main's SLEEPING
-# (ordering [COUNT] and [SLEEP]); it returns the count, this worker included.
+# converts one argument): its argument is the round's sequence number times two, plus one if
+# its status is not OK. It adds one worker done (and one in bits 16-31 if not OK) to main's DONE
+# word by compare-and-swap, only while that word holds this round's tag (protocol.count_base):
+# a late worker of an earlier round leaves a later round's count alone. Then the full barrier
+# that orders the count before the caller's read of main's SLEEPING (ordering [COUNT] and
+# [SLEEP]). It returns the workers done, this one included, or 0 for a stale round.
 FENCE_IR = """
 define void @shmvec_fence() {
   fence seq_cst
@@ -47,23 +48,40 @@ define void @shmvec_fence() {
 
 @shmvec_line = global ptr null
 
-define i64 @shmvec_count(i64 %failed) {
+define i64 @shmvec_count(i64 %arg) {
 entry:
   %line = load ptr, ptr @shmvec_line
-  %bad = icmp ne i64 %failed, 0
-  br i1 %bad, label %fail, label %count
-fail:
-  %status = getelementptr i64, ptr %line, i64 STATUS
-  %s = atomicrmw add ptr %status, i64 1 seq_cst
-  br label %count
-count:
-  %done = getelementptr i64, ptr %line, i64 DONE
-  %old = atomicrmw add ptr %done, i64 1 seq_cst
+  %word = getelementptr i64, ptr %line, i64 DONE
+  %bad = and i64 %arg, 1
+  %seq = lshr i64 %arg, 1
+  %low = and i64 %seq, 2147483647
+  %tag = shl i64 %low, 32
+  %badbits = shl i64 %bad, 16
+  %inc = add i64 %badbits, 1
+  %first = load atomic i64, ptr %word monotonic, align 8
+  br label %look
+look:
+  %old = phi i64 [ %first, %entry ], [ %seen, %again ]
+  %high = and i64 %old, -4294967296
+  %ours = icmp eq i64 %high, %tag
+  br i1 %ours, label %add, label %stale
+add:
+  %new = add i64 %old, %inc
+  %pair = cmpxchg ptr %word, i64 %old, i64 %new seq_cst seq_cst
+  %seen = extractvalue { i64, i1 } %pair, 0
+  %swapped = extractvalue { i64, i1 } %pair, 1
+  br i1 %swapped, label %counted, label %again
+again:
+  br label %look
+counted:
   fence seq_cst
-  %n = add i64 %old, 1
+  %n = and i64 %new, 65535
   ret i64 %n
+stale:
+  fence seq_cst
+  ret i64 0
 }
-""".replace("STATUS", str(STATUS)).replace("DONE", str(DONE))
+""".replace("DONE", str(DONE))
 
 _lock = threading.Lock()
 
@@ -82,7 +100,7 @@ _compiled: dict[str, Any] = {}  # the ctypes functions, and the count's line poi
 
 def _compile() -> dict[str, Any]:
     """The IR's functions, compiled for this machine once per process (a forked worker inherits
-    them), as ctypes functions: ``fence()`` (about 0.1 us a call), ``count(failed)``.
+    them), as ctypes functions: ``fence()`` (about 0.1 us a call), ``count(seq << 1 | not_ok)``.
     """
     if _compiled:
         return _compiled
@@ -111,10 +129,10 @@ def prepare() -> None:
 
 
 def counter(main_line: int) -> Callable[[int], int]:
-    """``count(failed)``: count this worker done in a broadcast round on main's control line,
-    at address ``main_line`` (its int64 words): one atomic add to its ``STATUS`` word if
-    ``failed`` is not 0, one to its ``DONE`` word, then a full barrier; returns ``DONE`` after
-    the add.
+    """``count(seq << 1 | not_ok)``: count this worker done in broadcast round ``seq`` on main's
+    control line, at address ``main_line`` (its int64 words), as ``FENCE_IR`` says: the round's
+    workers done after this add (``protocol.counted``), or 0 when main's ``DONE`` word no longer
+    holds round ``seq``'s tag (nothing added).
 
     One line per process (a worker's main line): a second call moves the count there.
     """

@@ -16,14 +16,17 @@ Gymnasium API: it runs protocol commands and returns replies.
 from __future__ import annotations
 
 import pickle
+import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from enum import Enum
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
+from shmvec import probes
 from shmvec import protocol as P
 from shmvec.barrier import fence
 from shmvec.barrier import prepare as prepare_barrier
@@ -34,7 +37,9 @@ from shmvec.info_columns import InfoLayout, InfoSchema
 from shmvec.joining import Joining, Segments
 from shmvec.layout import Layout, RolloutLayout, control_lines
 from shmvec.options import Options
-from shmvec.protocol import ANY_BLOCK, DONE, Command, Status, at_count
+from shmvec.protocol import ANY_BLOCK, DONE, Command, Status, at_count, count_base, for_block
+from shmvec.protocol import counted as counted_of
+from shmvec.protocol import not_ok
 from shmvec.segment import Segment
 from shmvec.stepper import Stepper, close_all
 from shmvec.sync import block_until, readable, ring, spin_policies, spin_until
@@ -67,6 +72,16 @@ def _pickle_payloads(payloads: list, block_ids: list[int]) -> dict[int, bytes]:
                     ) from exc
             blobs[block] = blob
     return blobs
+
+
+@contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold SIGINT back for the block inside (a Ctrl-C then arrives as it ends)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class BlockState(Enum):
@@ -232,7 +247,7 @@ class WorkerPool:
         main_line = self.main_line
 
         def counted_done() -> bool:  # a broadcast round: every worker counted itself done
-            return main_line[DONE] == count
+            return main_line[DONE] & 0xFFFF == count  # (protocol.counted; main set the tag)
 
         self._all_done = all_done
         self._counted_done = counted_done
@@ -344,14 +359,13 @@ class WorkerPool:
         if self._pickled_act and cmd == Command.STEP:
             payloads = self._action_payloads(block_ids)
         blobs = None if payloads is None else _pickle_payloads(payloads, block_ids)
+        probe = probes.probe
         seq = self.seq = self.seq + 1
         target, commands, states = self._target, self.commands, self.states
         if block_ids:
             submitted, now = self._submitted, time.perf_counter()
             every = len(block_ids) == len(self.worker_blocks)
-            # A broadcast only where no worker still runs a command (one a Ctrl-C left in flight
-            # would count itself done in the new round): then each block's own DONE is waited for.
-            broadcast = every and payloads is None and fd is None and BlockState.IN_FLIGHT not in states
+            broadcast = every and payloads is None and fd is None
             if every:  # the workers' blocks, 0 .. W - 1: one slice assignment each
                 n = len(block_ids)
                 target[:n], submitted[:n], commands[:n], states[:n] = [seq] * n, [now] * n, [cmd] * n, [state] * n
@@ -362,20 +376,46 @@ class WorkerPool:
                     commands[block] = cmd
                     states[block] = state
             self._all_seq, self._next_done = (seq if every else None), 0
-            if broadcast:
-                self._post_broadcast(cmd, arg, seq)
-            else:
-                self._post(cmd, arg, seq, block_ids, payloads)
-                if blobs is not None:
-                    for block in block_ids:
-                        if block in blobs:
-                            self.workers.send(block, blobs[block], fd)
+            try:
+                if broadcast:
+                    self._post_broadcast(cmd, arg, seq)
+                elif blobs is None:
+                    self._post(cmd, arg, seq, block_ids, payloads)
+                else:
+                    # A GO and its payload go together: a Ctrl-C between them would leave the
+                    # worker waiting for a payload never sent (SIGINT is held until both are out).
+                    with sigint_held():
+                        self._post(cmd, arg, seq, block_ids, payloads)
+                        for block in block_ids:
+                            if block in blobs:
+                                self.workers.send(block, blobs[block], fd)
+                                if probe:
+                                    probe("main:sent")
+            except BaseException:
+                self._interrupted(block_ids, seq)
+                raise
         if main is not None:
             # Run in wait(): the main process steps its block while it would otherwise wait
             # for the workers, and only then, so it keeps handing out their batches first.
             m = main.index
             target[m], commands[m], states[m] = seq, cmd, state
             main.pending = (cmd, None if payloads is None else payloads[m], arg)
+
+    def _interrupted(self, block_ids: list[int], seq: int) -> None:
+        """After an exception (a Ctrl-C) while round ``seq`` was posted or waited for: exactly
+        the blocks of ``block_ids`` that were posted it (their GO, or the broadcast's, stored;
+        the main block's command parked or run) are IN_FLIGHT, still running it for all this
+        process knows (the next drain waits for them); the others are IDLE, never told.
+        """
+        lines, main_line, target, states = self.lines, self.main_line, self._target, self.states
+        broadcast = self._counted and main_line[P.GO] == seq
+        main = self.main
+        for block in block_ids:
+            if main is not None and block == main.index:
+                posted = target[block] == seq and (main.pending is not None or main.result is not None)
+            else:
+                posted = broadcast or lines[block][P.GO] == seq
+            states[block] = BlockState.IN_FLIGHT if posted else BlockState.IDLE
 
     def _post_broadcast(self, cmd: int, arg: int, seq: int) -> None:
         """Post ``cmd`` to every worker at once, on main's line, with at most ``protocol.ROOTS``
@@ -384,10 +424,16 @@ class WorkerPool:
         main_line = self.main_line
         main_line[P.CMD] = cmd
         main_line[P.ARG] = arg
-        main_line[DONE] = main_line[P.STATUS] = 0  # the counts of workers done, and not OK
+        # The round's count, tagged with it: a late worker of an earlier round cannot count here.
+        main_line[DONE] = count_base(seq)
         self._counted = True
-        fence()  # ordering [GO]: the actions, the command words and the counts before the broadcast GO
+        probe = probes.probe
+        if probe:
+            probe("main:post")
+        fence()  # ordering [GO]: the actions, the command words and the count before the broadcast GO
         main_line[P.GO] = seq
+        if probe:
+            probe("main:posted")
         fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
         lines, wake_fds = self.lines, self.workers.wake_fds
         for block in self._roots:
@@ -403,9 +449,14 @@ class WorkerPool:
             line[P.CMD] = cmd
             line[P.ARG] = arg
             line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
+        probe = probes.probe
+        if probe:
+            probe("main:post")
         fence()  # ordering [GO]: the actions and the command words before GO
         for block in block_ids:
             lines[block][P.GO] = seq
+            if probe:
+                probe("main:posted")
         fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
         wake_fds = self.workers.wake_fds
         for block in block_ids:
@@ -552,7 +603,7 @@ class WorkerPool:
             fence()  # ordering [DONE]
             return
         submitted, sentinels = self._submitted, self.workers.sentinels
-        wide = True  # a broadcast round's wait watches every worker's sentinel
+        probe = probes.probe
         while True:
             # Waiting for every worker, main sleeps until the last of a broadcast round rings it
             # (or the next to finish, taking each block's results), watching every worker; or
@@ -562,15 +613,20 @@ class WorkerPool:
             named = every_worker and not failures
             if named and all_done():
                 break
-            if named and counted and wide:
-                watch = self.worker_blocks  # (a done one that died since: the blocks still out, below)
-            elif named and not counted:
+            if probe:
+                probe("main:waited")
+            if named and counted:
+                # Every worker: one that died is this round's failure even if its DONE is stored
+                # (it may have died before it counted itself; the count would never be complete).
+                watch = self.worker_blocks
+            elif named:
                 watch = [self.worker_blocks[self._next_done]]
             else:
                 watch = [b for b in block_ids if b not in failures and lines[b][DONE] != target[b]]
             remaining = None
-            if timeout is not None and watch:  # each block's timeout counts from its submission
-                remaining = max(0.0, min(submitted[b] for b in watch) + timeout - time.perf_counter())
+            if timeout is not None:  # each block's timeout counts from its submission
+                first = min(submitted[b] for b in (watch or block_ids))
+                remaining = max(0.0, first + timeout - time.perf_counter())
             try:
                 dead = block_until(
                     all_done if named else ready,
@@ -582,12 +638,19 @@ class WorkerPool:
                 )
             except TimeoutError:
                 dead = []
+                if named and counted:
+                    # The count is late: each block's own DONE decides from now on (a worker held
+                    # between its DONE and its count has its results written, and its tagged
+                    # count cannot land in a later round); those not done are overdue, below.
+                    counted = False
+                    all_done, named_wake = self._done_test(False, None)
             if dead or timeout is not None:
-                self._lost(watch, dead, time.perf_counter(), timeout, failures)
-                wide = wide and not dead
+                self._lost(watch, dead, time.perf_counter(), timeout, failures, named and counted)
             if all_done() if every_worker and not failures else ready():
                 break
         policy.update(time.perf_counter() - t0)
+        if probe:
+            probe("main:seen")
         fence()  # ordering [DONE]
 
     def _done_test(
@@ -616,9 +679,9 @@ class WorkerPool:
         counted = [0]  # the count when they were last looked at
 
         def done() -> bool:
-            n = main_line[DONE]
-            if n != counted[0]:
-                counted[0] = n
+            word = main_line[DONE]
+            if word != counted[0]:
+                counted[0] = word
                 fence()  # ordering [COUNT]: the count before the DONE words of the workers it counts
                 finished = [b for b in left if lines[b][DONE] == seq]
                 if finished:
@@ -626,7 +689,7 @@ class WorkerPool:
                     for block in finished:
                         left.remove(block)
                         on_done(block)
-            return n == workers
+            return counted_of(word) == workers
 
         def wake() -> int:  # rung when half the blocks still out have finished (the last: alone)
             copied = workers - len(left)
@@ -638,7 +701,7 @@ class WorkerPool:
         """Main's ``SLEEPING`` while it waits for every worker: ``k + 1``, ``k`` the first worker
         block it has not seen done.
         """
-        return self._next_done + 1
+        return for_block(self._next_done)
 
     def _check_late(self, block_ids: list[int], failures: Failures, now: float) -> None:
         """Add to ``failures`` the worker blocks among ``block_ids`` still out whose worker died
@@ -658,19 +721,28 @@ class WorkerPool:
             self._lost(late, dead, now, self.timeout, failures)
 
     def _lost(
-        self, block_ids: list[int], dead: list[int], now: float, timeout: float | None, failures: Failures
+        self,
+        block_ids: list[int],
+        dead: list[int],
+        now: float,
+        timeout: float | None,
+        failures: Failures,
+        counted: bool = False,
     ) -> None:
         """The one judgement of a worker that does not answer: among ``block_ids`` still out, a
         worker whose sentinel is in ``dead`` died; one past ``timeout`` since its submission is
-        stopped. Each goes into ``failures``.
+        stopped. Each goes into ``failures``. In a ``counted`` round (a broadcast whose count is
+        not complete) a worker that died fails it whatever its DONE says: it may have died
+        after storing DONE and before counting itself.
         """
         lines, target, procs, workers = self.lines, self._target, self.workers.procs, self.workers
         for block in block_ids:
-            if block in failures or lines[block][DONE] == target[block]:
+            if block in failures:
                 continue
-            if procs[block].sentinel in dead:
+            done = lines[block][DONE] == target[block]
+            if procs[block].sentinel in dead and (counted or not done):
                 failures[block] = workers.died(block)
-            elif timeout is not None and now - self._submitted[block] >= timeout - 1e-3:
+            elif not done and timeout is not None and now - self._submitted[block] >= timeout - 1e-3:
                 failures[block] = workers.stop_overdue(block, P.phase(self.commands[block]), timeout)
 
     def collect(self, block_ids: list[int], timeout: float | None) -> tuple[dict[int, Any], Failures]:
@@ -737,18 +809,18 @@ class WorkerPool:
         if timeout is None:
             timeout = self.timeout
         ids = self.all_blocks if block_ids is None else block_ids
-        self.submit(cmd, ids, payloads, arg, fd, BlockState.IDLE)
+        seq = self.seq + 1
         try:
+            self.submit(cmd, ids, payloads, arg, fd, BlockState.IDLE)
             failures = self.wait(ids, len(ids), timeout, on_done)
         except KeyboardInterrupt:
             # Ctrl-C while the blocks run: they finish the command on their own. In flight, the
             # next receive (a drain) waits for them and drops their results; the pool goes on.
-            for block in ids:
-                self.states[block] = BlockState.IN_FLIGHT
+            self._interrupted(ids, seq)
             raise
         if failures:
             ids = [b for b in ids if b not in failures]
-        elif self._counted and self.main_line[P.STATUS] == 0:  # a broadcast round no worker replied to
+        elif self._counted and not_ok(self.main_line[DONE]) == 0:  # a broadcast round no worker replied to
             ids = [] if self.main is None or self.main.index not in ids else [self.main.index]
         got, failed = self.collect(ids, timeout)
         failures.update(failed)

@@ -41,9 +41,9 @@ if TYPE_CHECKING:  # annotations only: workers import this module before numpy a
 GO = 0  # command sequence number, written by main (on main's own line: a broadcast round's)
 CMD = 1  # command code, written by main
 PAYLOAD = 2  # 1 when a pickled payload follows on the worker's pipe
-DONE = 3  # sequence number of the last finished command, written by the worker
-STATUS = 4  # result of the last command, written by the worker
-SLEEPING = 5  # set while the owner of this line blocks: a worker's 1; main's, see ANY_BLOCK and at_count
+DONE = 3  # sequence number of the last finished command, written by the worker (main's line: a broadcast's count)
+STATUS = 4  # result of the last command, written by the worker (unused on main's line)
+SLEEPING = 5  # set while the owner of this line blocks: a worker's 1; main's, see ANY_BLOCK and rings
 ARG = 6  # the command's argument (ROLLOUT_STEP: the row), written by main
 REPLY_LEN = 7  # bytes of the pickled reply in the block's ``replies`` row, or -1: it follows on the pipe
 
@@ -72,16 +72,54 @@ def relay_children(block: int | None, num_workers: int) -> range:
     return range(first, min(first + count, num_workers))
 
 
-# Main's SLEEPING says which finisher rings it: ANY_BLOCK, any worker; k + 1, worker k (a round
-# posted per block); at_count(n), in a broadcast round, the worker whose atomic add makes the
-# round's count of workers done n (at_count(workers): the last; n below that: main takes each
-# block's results as the block finishes).
+# Main's SLEEPING says which finisher rings it, made by one of these and read by `rings`: ANY_BLOCK,
+# any worker; for_block(k), worker k (a round posted per block); at_count(n), in a broadcast
+# round, the worker whose count makes the round's workers done n (at_count(workers): the last;
+# n below that: main takes each block's results as the block finishes).
 ANY_BLOCK = -1
+
+
+def for_block(k: int) -> int:
+    """Main's ``SLEEPING`` while it waits for worker ``k`` in particular."""
+    return k + 1
 
 
 def at_count(n: int) -> int:
     """Main's ``SLEEPING`` while it waits for a broadcast round's count to reach ``n`` (>= 1)."""
     return -1 - n
+
+
+def rings(sleeping: int, me: int, counted: int) -> bool:
+    """Whether a worker that just finished rings main, whose ``SLEEPING`` word is ``sleeping``:
+    ``me`` is :func:`for_block` of the worker's block, ``counted`` the count its add made in a
+    broadcast round (0 in any other round, or for a late add of an earlier round, not counted).
+    """
+    return sleeping == ANY_BLOCK or sleeping == me or (counted > 0 and sleeping == -1 - counted)
+
+
+# A broadcast round's count, main's DONE word: the round's tag (its sequence number modulo 2**31)
+# in bits 32-62, the workers whose status is not OK in bits 16-31, the workers done in bits
+# 0-15. Main sets it to the tag before the round's GO; each worker adds to it only while it holds
+# its own round's tag (barrier.counter: a compare-and-swap), so a late worker of an earlier
+# round, whatever main saw of it, never counts into a later one.
+MAX_WORKERS = (1 << 16) - 1
+_TAG_BITS = (1 << 31) - 1
+
+
+def count_base(seq: int) -> int:
+    """Main's DONE word as broadcast round ``seq`` starts: its tag, no worker counted yet."""
+    return (seq & _TAG_BITS) << 32
+
+
+def counted(word: int) -> int:
+    """The workers a broadcast round's count word says are done."""
+    return word & 0xFFFF
+
+
+def not_ok(word: int) -> int:
+    """The workers a broadcast round's count word says ended with a status other than OK (a
+    reply or an error report follows)."""
+    return (word >> 16) & 0xFFFF
 
 
 # A block's row of the ``replies`` region: a pickled reply up to this size travels there, not on

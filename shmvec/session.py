@@ -21,7 +21,7 @@ from gymnasium.vector import AutoresetMode
 
 from shmvec.actions import ActionBatch
 from shmvec.async_batches import Batch, Batches
-from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerError
+from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerDied, WorkerError
 from shmvec.info_columns import ColumnReader, InfoSchema
 from shmvec.infos import InfoMerger
 from shmvec.lifecycle import Lifecycle, refuse
@@ -35,6 +35,8 @@ from shmvec.stepper import Targets
 
 __all__ = ["Session"]
 
+# Replacements of one block that may die in a row while they start, before on_error="restart" gives up.
+RESTARTS_IN_A_ROW = 5
 NO_ENVS: tuple[int, ...] = ()  # no env restarted (shared: never changed)
 _IN_FLIGHT = BlockState.IN_FLIGHT
 _READY = Lifecycle.READY
@@ -296,14 +298,39 @@ class Session:
 
     def _restart(self, failures: Failures, out: Targets) -> list[int]:
         """Give the failed blocks new envs, reset them, and mark them in this step's results
-        ``out``; return the envs restarted.
+        ``out``; return the envs restarted. A replacement that dies while it starts (built,
+        joined or reset: the OOM killer, a storm of kills) is replaced again, up to
+        ``RESTARTS_IN_A_ROW`` times in a row; then the error says so.
         """
-        pool, blocks, home = self.pool, sorted(failures), self.home
-        for block in blocks:
-            pool.restart_block(block)
-        payloads = [(None, None, None) if b in failures else None for b in range(len(pool.blocks))]
-        _, again = pool.run(Command.RESET, payloads, block_ids=blocks)
-        pool.raise_first(again)
+        pool, home = self.pool, self.home
+        blocks = sorted(failures)
+        died_starting = dict.fromkeys(blocks, 0)
+        todo = blocks
+        while todo:
+            joined, lost = [], {}
+            for block in todo:
+                try:
+                    pool.restart_block(block)
+                    joined.append(block)
+                except WorkerDied as exc:
+                    lost[block] = exc
+            if joined:
+                payloads = [(None, None, None) if b in joined else None for b in range(len(pool.blocks))]
+                _, again = pool.run(Command.RESET, payloads, block_ids=joined)
+                lost.update((b, e) for b, e in again.items() if isinstance(e, WorkerDied))
+                pool.raise_first({b: e for b, e in again.items() if b not in lost})
+            for block, exc in lost.items():
+                died_starting[block] += 1
+                if died_starting[block] >= RESTARTS_IN_A_ROW:
+                    pool.state = PoolState.BROKEN
+                    raise WorkerDied(
+                        exc.worker_index,
+                        exc.exitcode,
+                        exc.envs,
+                        f"; it was replaced {RESTARTS_IN_A_ROW} times in a row, and each replacement died "
+                        "while it started (the last as shown)",
+                    ) from exc
+            todo = sorted(lost)
         for block in blocks:
             sl = slice(pool.blocks[block].start, pool.blocks[block].stop)
             if out is not home:  # the reset wrote the regular regions

@@ -21,12 +21,15 @@ import select
 import time
 from collections.abc import Callable
 
+from shmvec import probes
 from shmvec.barrier import fence
 from shmvec.protocol import SLEEPING
 
 
 def ring(fd: int) -> None:
     """Write one wake byte; a full pipe already holds a pending wake-up, so that is fine."""
+    if probes.probe:
+        probes.probe("ring")
     try:
         os.write(fd, b"\x01")
     except (BlockingIOError, BrokenPipeError):
@@ -165,10 +168,13 @@ def block_until(
     else:
         named = announce
 
+    probe = probes.probe
     try:
         while True:
             ctrl_line[SLEEPING] = named
             fence()  # ordering [SLEEP]: SLEEPING before the word waited on is read
+            if probe:
+                probe("sleep:announced")
             if finished():
                 return []
             wait = poll_interval
@@ -177,6 +183,8 @@ def block_until(
                 if wait <= 0:
                     raise TimeoutError
             ready = readable(fds, wait)
+            if probe:
+                probe("sleep:woken")
             ctrl_line[SLEEPING] = 0
             if wake_fd in ready:
                 drain(wake_fd)

@@ -15,7 +15,6 @@ import os
 import signal
 
 from shmvec.protocol import (
-    ANY_BLOCK,
     ARG,
     CMD,
     DONE,
@@ -34,14 +33,15 @@ from shmvec.protocol import (
     WorkerOptions,
     dumps,
     error_report,
+    for_block,
     phase,
+    rings,
 )
 from shmvec.stepper import Stepper, build_envs, close_all
 from shmvec.worker_threads import cap_libraries, cap_variables
 
 _STEP, _RESET, _CLOSE = int(Command.STEP), int(Command.RESET), int(Command.CLOSE)
 _OK, _REPLY, _ERROR = int(Status.OK), int(Status.REPLY), int(Status.ERROR)
-_ANY = ANY_BLOCK
 
 
 def worker_main(
@@ -181,16 +181,18 @@ def _serve(
     """
     import time
 
+    from shmvec import probes
     from shmvec.barrier import fence
     from shmvec.sync import block_until, ring, spin_until
 
+    probe = probes.probe  # (None but in tests: see shmvec.probes)
     mine, main_line = lines[block], lines[-1]
     watch = [parent_sentinel] if parent_sentinel is not None else []
     ppid = os.getppid()
     seq = int(mine[DONE])
     clock = time.perf_counter
 
-    me = block + 1  # main's SLEEPING when it waits for this block in particular
+    me = for_block(block)  # main's SLEEPING when it waits for this block in particular
     relayed = [(lines[child], fd) for child, fd in relay]
 
     # A new command is a GO past the last one served, on this line or main's (the broadcast):
@@ -213,6 +215,8 @@ def _serve(
                     return  # the main process died: exit quietly
         t1 = clock()
         policy.update(t1 - t0)
+        if probe:
+            probe("worker:go")
         fence()  # ordering [GO]: GO seen before the command words and the actions are read
         broadcast = int(main_line[GO])
         broadcast_round = broadcast > seq  # every worker's command (one is pending at most)
@@ -232,15 +236,20 @@ def _serve(
                 replies[:size] = reply
             mine[REPLY_LEN] = -1 if piped else size
         mine[STATUS] = status
+        if probe:
+            probe("worker:ran")
         fence()  # ordering [DONE]: the results, the reply and STATUS (and the actions' reads) before DONE
         mine[DONE] = seq
-        if broadcast_round:  # ordering [COUNT]: atomic adds after this block's DONE, then [SLEEP]'s barrier
-            counted = count(status)  # (Status.OK is 0: any other counts as failed)
+        if probe:
+            probe("worker:done")
+        if broadcast_round:  # ordering [COUNT]: the tagged count after this block's DONE, then [SLEEP]'s barrier
+            counted = count(seq << 1 | (status != _OK))  # 0: a stale round's, not counted
         else:
             counted = 0
             fence()  # ordering [SLEEP]: DONE before reading main's SLEEPING
-        waits = main_line[SLEEPING]  # protocol.ANY_BLOCK, me, or at_count(n): rung by the n-th
-        if waits == _ANY or waits == me or waits == -1 - counted:
+        if probe:
+            probe("worker:counted")
+        if rings(main_line[SLEEPING], me, counted):
             ring(done_w)
         if piped:
             conn.send_bytes(reply)
@@ -258,8 +267,8 @@ def _relay(relayed: list, ring) -> None:
 
 
 def _main_counter(ctrl):
-    """``count(failed)``, this worker's count in a broadcast round on main's line (the last of
-    ``ctrl``): the round's workers done, and those whose status is not OK (``barrier.counter``).
+    """``count(seq << 1 | not_ok)``, this worker's count in broadcast round ``seq`` on main's
+    line (the last of ``ctrl``), tagged with the round (``barrier.counter``).
     """
     from shmvec.barrier import counter
 

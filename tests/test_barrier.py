@@ -80,34 +80,36 @@ def test_the_compiled_barrier_runs_the_handoff():
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
-def test_the_count_is_locked_or_exclusive_read_modify_writes_then_a_barrier():
-    x86 = barrier.assembly("x86_64-unknown-linux-gnu").split("shmvec_count:")[1].split("ret")[0]
-    arm = barrier.assembly("aarch64-unknown-linux-gnu").split("shmvec_count:")[1].split("ret")[0]
-    # STATUS's add (its result unused: an increment), DONE's (its old value returned), the barrier
-    assert re.findall(r"\block\b\s+(inc|xadd|or)", x86) == ["inc", "xadd", "or"]
-    assert arm.count("ldaxr") == arm.count("stlxr") == 2 or arm.count("ldaddal") == 2
-    assert re.search(r"dmb\s+ish", arm)
+def test_the_count_is_a_compare_and_swap_then_a_barrier():
+    x86 = barrier.assembly("x86_64-unknown-linux-gnu").split("shmvec_count:")[1].split(".Lfunc_end")[0]
+    arm = barrier.assembly("aarch64-unknown-linux-gnu").split("shmvec_count:")[1].split(".Lfunc_end")[0]
+    # the tagged count's compare-and-swap, then the barrier (on both ways out: counted, or stale)
+    assert re.findall(r"\block\b\s+(cmpxchg\w*|or\w*)", x86) == ["cmpxchgq", "orl", "orl"]
+    assert (arm.count("ldaxr") == arm.count("stlxr") == 1) or "casal" in arm
+    assert len(re.findall(r"dmb\s+ish", arm)) == 2
 
 
 def test_counts_from_many_processes_are_never_lost():
-    """Four forked processes count themselves 20,000 times each on one shared line, every other
-    time as failed: a plain read-modify-write would lose some; the atomic adds lose none, and
-    the counts returned are 1 .. 80,000, each once (each the word's value after that add)."""
+    """Four forked processes count themselves 10,000 times each on one shared line, every other
+    time as failed: a plain read-modify-write would lose some; the compare-and-swap loses none,
+    and the counts returned are 1 .. 40,000, each once (each the word's count after that add)."""
     import ctypes
     import mmap
     import multiprocessing as mp
 
-    from shmvec.protocol import DONE, STATUS
+    from shmvec import protocol as P
 
     memory = mmap.mmap(-1, 64)
     address = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+    words = memoryview(memory).cast("q")
+    words[P.DONE] = P.count_base(12345)
     barrier.prepare()  # compiled here: the forked processes inherit it
     ctx = mp.get_context("fork")
     seen = ctx.SimpleQueue()
 
     def count_many():
         count = barrier.counter(address)
-        seen.put([count(i % 2) for i in range(20_000)])
+        seen.put([count(12345 << 1 | i % 2) for i in range(10_000)])
 
     procs = [ctx.Process(target=count_many) for _ in range(4)]
     for p in procs:
@@ -116,6 +118,23 @@ def test_counts_from_many_processes_are_never_lost():
     for p in procs:
         p.join(60)
     assert [p.exitcode for p in procs] == [0] * 4
+    assert counts == list(range(1, 40_001))
+    word = words[P.DONE]
+    assert P.counted(word) == 40_000 and P.not_ok(word) == 20_000 and word >> 32 == 12345
+
+
+def test_a_count_of_an_earlier_round_is_not_counted():
+    """A worker late with its count of round 6 finds main's word set for round 7: it adds
+    nothing and is told so (0), whatever it failed; round 7's own counts go on from 0."""
+    import ctypes
+    import mmap
+
+    from shmvec import protocol as P
+
+    memory = mmap.mmap(-1, 64)
     words = memoryview(memory).cast("q")
-    assert words[DONE] == 80_000 and words[STATUS] == 40_000
-    assert counts == list(range(1, 80_001))
+    count = barrier.counter(ctypes.addressof(ctypes.c_char.from_buffer(memory)))
+    words[P.DONE] = P.count_base(7)
+    assert count(6 << 1) == 0 and count(6 << 1 | 1) == 0 and words[P.DONE] == P.count_base(7)
+    assert count(7 << 1 | 1) == 1 and count(7 << 1) == 2
+    assert P.counted(words[P.DONE]) == 2 and P.not_ok(words[P.DONE]) == 1

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "shmvec"
 
 # Each module of the core, by side; a module may import from its own side and the sides before it.
 SIDES = {
-    "wire": ["protocol", "layout", "segment", "barrier", "sync", "tree", "blocks", "errors"],
+    "wire": ["protocol", "probes", "layout", "segment", "barrier", "sync", "tree", "blocks", "errors"],
     "worker": ["worker", "stepper", "worker_threads", "snapshot", "info_columns", "registrations"],
     "engine": [
         "checks", "options", "lifecycle", "processes", "joining", "pool", "session", "results", "infos", "actions",

@@ -1,0 +1,269 @@
+"""The round's fault paths, each reproduced at the exact step where it struck (#51): a probe
+(``shmvec.probes``) kills a worker, holds it back, or sends the caller a real SIGINT at a named
+point of the round, and the test checks that every call returns, every row is right and
+nothing is left behind.
+
+The probe is installed in this process before the workers fork (they inherit it); it acts once
+where a marker file says so, so that only the process meant to act does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from counting import BUILT, Rows, counting_fns
+
+import shmvec
+from shmvec import probes
+from shmvec.pool import BlockState
+
+pytestmark = pytest.mark.timeout(120)  # a hang fails here, not at the suite's limit
+
+
+@pytest.fixture
+def probe():
+    """``probe(fn)`` installs ``fn`` for the test (forked workers inherit it); removed after."""
+    previous = probes.probe
+    yield probes.install
+    probes.install(previous)
+
+
+def once(path) -> bool:
+    """True for the first process that asks, across processes (an exclusive create)."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        return True
+    except FileExistsError:
+        return False
+
+
+def in_worker_of(env_index: int) -> bool:
+    """Whether this process is the worker that built env ``env_index`` (its block's first)."""
+    return bool(BUILT) and BUILT[0] == env_index
+
+
+def steps(envs, rows: Rows, n: int, actions=None) -> None:
+    actions = np.zeros(envs.num_envs, np.int64) if actions is None else actions
+    for _ in range(n):
+        rows.step(*envs.step(actions))
+
+
+# -- 1. a worker killed between its DONE and its count ---------------------------------------------
+@pytest.mark.parametrize("on_error", ["restart", "raise"])
+def test_a_worker_killed_between_its_done_and_its_count_fails_the_round(on_error, probe, tmp_path):
+    """Worker 0 stores its DONE of a broadcast step, then dies before it counts itself: the
+    count can never be complete. The round must fail it (restarted, or WorkerDied), not wait
+    for good."""
+    armed = tmp_path / "armed"
+
+    def kill_after_done(point):
+        if point == "worker:done" and in_worker_of(0) and armed.exists() and once(tmp_path / "killed"):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    probe(kill_after_done)
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, on_error=on_error)
+    try:
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        steps(envs, rows, 2)
+        armed.touch()
+        if on_error == "raise":
+            with pytest.raises(shmvec.WorkerDied):
+                envs.step(np.zeros(4, np.int64))
+            assert envs.closed
+            return
+        out = envs.step(np.zeros(4, np.int64))
+        assert out[4]["restarted"].tolist() == [True, True, False, False]
+        rows.step(*out)
+        steps(envs, rows, 8)
+        assert [r[0] for r in envs.restarts] == [0]
+    finally:
+        envs.close()
+
+
+def test_a_timeout_applies_while_every_worker_is_watched(probe, tmp_path):
+    """Worker 0 stores its DONE, then hangs before it counts itself: past ``timeout`` each
+    block's own DONE decides (the wait watched every worker, with no one block's submission to
+    count from). That round's results are whole and are handed out; the next round finds
+    worker 0 stuck and raises StepTimeout."""
+    armed = tmp_path / "armed"
+
+    def hang_after_done(point):
+        if point == "worker:done" and in_worker_of(0) and armed.exists() and once(tmp_path / "hung"):
+            time.sleep(3600)
+
+    probe(hang_after_done)
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, timeout=1.0)
+    try:
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        armed.touch()
+        steps(envs, rows, 1)
+        with pytest.raises(shmvec.StepTimeout, match="worker 0"):
+            envs.step(np.zeros(4, np.int64))
+    finally:
+        envs.close()
+
+
+# -- 2. a late count of an earlier round ------------------------------------------------------------
+def test_a_late_count_of_an_earlier_round_does_not_count_in_the_next(probe, tmp_path):
+    """Round s: worker 1 stores its DONE and is held back for a second before it counts itself;
+    worker 0 dies, so main takes block 1 by its DONE word and restarts block 0. The next
+    broadcast must not take worker 1's late count of round s as its own: block 1 must be read
+    once it has stepped again (its count one more), not before."""
+    armed = tmp_path / "armed"
+
+    def late_and_dead(point):
+        if not armed.exists():
+            return
+        if point == "worker:done" and in_worker_of(2) and once(tmp_path / "held"):
+            time.sleep(1.0)
+        elif point == "worker:go" and in_worker_of(0) and once(tmp_path / "killed"):
+            time.sleep(0.1)  # (worker 1 is past its DONE by now)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    probe(late_and_dead)
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, on_error="restart")
+    try:
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        steps(envs, rows, 2)
+        armed.touch()
+        out = envs.step(np.zeros(4, np.int64))
+        assert out[4]["restarted"].tolist() == [True, True, False, False]
+        rows.step(*out)
+        steps(envs, rows, 6)  # the first of these met worker 1's late count
+    finally:
+        envs.close()
+
+
+# -- 3. Ctrl-C while a round is posted ----------------------------------------------------------------
+@pytest.fixture
+def sigint_handled():
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def interrupt_at(where: str, armed: list):
+    """A probe that sends this process a real SIGINT the first time ``where`` is reached while
+    ``armed`` holds True (in the calling process only)."""
+    main = os.getpid()
+
+    def at(point):
+        if point == where and armed[0] and os.getpid() == main:
+            armed[0] = False
+            os.kill(main, signal.SIGINT)
+
+    return at
+
+
+@pytest.mark.usefixtures("sigint_handled")
+def test_ctrl_c_after_a_broadcast_go_leaves_its_workers_in_flight(probe):
+    """SIGINT right after a step's broadcast GO is stored: every worker runs it, so every block
+    is in flight (the next reset drains them), and the env goes on after a reset."""
+    armed = [False]
+    probe(interrupt_at("main:posted", armed))
+    envs = shmvec.ShmVecEnv(counting_fns(4, slow_s=0.2), num_workers=2)
+    try:
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        armed[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            envs.step(np.ones(4, np.int64))
+        assert envs._session.pool.states == [BlockState.IN_FLIGHT] * 2
+        rows.reset(envs.reset(seed=1)[0])
+        steps(envs, rows, 3)
+    finally:
+        envs.close()
+
+
+@pytest.mark.usefixtures("sigint_handled")
+def test_ctrl_c_between_a_go_and_its_payload_does_not_strand_the_worker(probe):
+    """SIGINT after a ``call``'s first GO is stored and before its payloads are sent: SIGINT is
+    held until both are out, so no worker waits for a payload never sent, nor takes the next
+    call's payload for this one."""
+    armed = [False]
+    probe(interrupt_at("main:posted", armed))
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2)
+    try:
+        envs.reset(seed=0)
+        armed[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            envs.call("__getattribute__", "index")
+        assert envs.call("__getattribute__", "count") == (0, 0, 0, 0)
+        assert envs.get_attr("index") == (0, 1, 2, 3)
+    finally:
+        envs.close()
+
+
+@pytest.mark.usefixtures("sigint_handled")
+@pytest.mark.parametrize("where, in_flight", [("main:post", []), ("main:posted", [0])])
+def test_ctrl_c_in_send_marks_exactly_the_blocks_posted(where, in_flight, probe):
+    """SIGINT in ``send`` to blocks 0 and 1 (of 3), before any GO is stored, or after block 0's:
+    exactly the blocks posted are in flight; ``recv`` hands those out, and a reset after it
+    leaves nothing stranded."""
+    armed = [False]
+    probe(interrupt_at(where, armed))
+    envs = shmvec.ShmVecEnv(counting_fns(6), num_workers=3, batch_size=4)
+    try:
+        envs.reset(seed=0)
+        armed[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            envs.send(np.zeros(4, np.int64), [0, 1, 2, 3])
+        states = envs._session.pool.states
+        assert [b for b, s in enumerate(states) if s is BlockState.IN_FLIGHT] == in_flight
+        if in_flight:
+            obs, *_, ids = envs.recv()
+            assert ids.tolist() == [0, 1] and obs[:, 1].tolist() == [1, 1]
+        with pytest.raises(shmvec.NothingInFlightError):
+            envs.recv()
+        rows = Rows(6)
+        rows.reset(envs.reset(seed=1)[0])
+        for ids in ([0, 1, 2, 3], [2, 3, 4, 5], [0, 1, 4, 5]):
+            envs.send(np.zeros(4, np.int64), ids)
+            *out, got = envs.recv()
+            assert got.tolist() == ids
+            rows.step(*out, env_ids=got)
+    finally:
+        envs.close()
+
+
+# -- 4. a replacement killed while it starts ------------------------------------------------------------
+@pytest.mark.parametrize("when", ["build", "reset"])
+def test_a_replacement_killed_while_it_starts_is_replaced_again(when, tmp_path):
+    """Worker 0 is killed; its first two replacements die too, as they build their envs or as
+    they reset them: a third is started, and the step returns with block 0 restarted."""
+    deaths = tmp_path / "deaths"
+    envs = shmvec.ShmVecEnv(counting_fns(4, deaths=str(deaths)), num_workers=2, on_error="restart")
+    try:
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        deaths.write_text(f"{when} 2")
+        os.kill(envs.worker_pids[0], signal.SIGKILL)
+        out = envs.step(np.zeros(4, np.int64))
+        assert out[4]["restarted"].tolist() == [True, True, False, False]
+        rows.step(*out)
+        steps(envs, rows, 4)
+        assert deaths.read_text() == f"{when} 0"
+        assert [r[0] for r in envs.restarts] == [0]
+    finally:
+        envs.close()
+
+
+def test_a_replacement_that_always_dies_ends_in_an_error_that_says_so(tmp_path):
+    deaths = tmp_path / "deaths"
+    envs = shmvec.ShmVecEnv(counting_fns(4, deaths=str(deaths)), num_workers=2, on_error="restart")
+    try:
+        envs.reset(seed=0)
+        deaths.write_text("build 1000")
+        os.kill(envs.worker_pids[0], signal.SIGKILL)
+        with pytest.raises(shmvec.WorkerDied, match=r"replaced 5 times in a row"):
+            envs.step(np.zeros(4, np.int64))
+        assert envs.closed
+    finally:
+        envs.close()
