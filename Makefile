@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-macos-profile bench-caller-cost
+.PHONY: stress test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-macos-profile bench-caller-cost
 
 venv: $(STAMP)
 
@@ -37,6 +37,16 @@ MACOS_LEFT_OUT = $(foreach t,test_every_death_raises_a_clear_error_and_closes te
 	$(foreach f,memory oom_kill,--deselect "tests/test_faults.py::$(t)[$(f)-fork]"))
 test-macos-profile: $(STAMP)
 	SHMVEC_TEST_PROFILE=macos $(PY) -m pytest -q --durations=8 $(CORE_SUITE) $(MACOS_LEFT_OUT)
+
+# The round under faults at length (#51), about 9 minutes: the jitter stress (random sleeps at
+# every probe point, SIGKILLs, Ctrl-Cs, hanging steps, every row checked), then the chaos run
+# (SIGKILLs alone, every 0.05-0.3 s, through step, rollout and send/recv: every call returns).
+# make test runs the jitter stress for 15 s a worker count (tests/test_round_jitter.py).
+STRESS_SECONDS ?= 120
+stress: $(STAMP)
+	$(PY) tests/round_stress.py --seconds $(STRESS_SECONDS) --workers 2,4 --trace 20
+	$(PY) tests/round_stress.py --seconds $(STRESS_SECONDS) --workers 2,4 --no-jitter --sigint-rate 0 \
+	    --hang-rate 0 --ops step,rollout,send,recv --trace 20
 
 # ruff (lint and format check) and mypy over the package, as configured in pyproject.toml.
 lint: $(STAMP)

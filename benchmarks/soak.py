@@ -3,16 +3,19 @@
     .venv/bin/python benchmarks/soak.py --steps 10000000 --num-envs 64
 
 Every ``--every`` env steps it samples the main process's and the workers' resident memory,
-open file descriptors and shmvec's /dev/shm entries, and prints one line; at the end it
-prints the first and last samples side by side and exits non-zero if memory grew by more than
-``--max-growth-mb`` or if the fd count or /dev/shm entries changed. Episodes end all the time
-(CartPole), infos flow (RecordEpisodeStatistics), and the env is rebuilt ``--rebuilds``
-times so construction and close are soaked too.
+open file descriptors, shmvec's /dev/shm entries and the segments this process maps, and
+prints one line; at the end it prints the first and last samples side by side and exits
+non-zero if memory grew by more than ``--max-growth-mb`` or if the fd count, /dev/shm entries
+or mapped segments changed. Episodes end all the time (CartPole), infos flow
+(RecordEpisodeStatistics), and the env is rebuilt ``--rebuilds`` times so construction and
+close are soaked too, with the cyclic garbage collector off (``--gc`` leaves it on): close()
+must release everything itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -39,6 +42,12 @@ def shm_entries() -> int:
     return sum(1 for name in os.listdir("/dev/shm") if name.startswith("shmvec_"))
 
 
+def mapped_segments() -> int:
+    """shmvec's segments this process maps (a closed env's must be unmapped)."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if "/shmvec_" in line)
+
+
 def sample(envs: shmvec.ShmVecEnv) -> dict:
     pids = envs.worker_pids
     return {
@@ -46,6 +55,7 @@ def sample(envs: shmvec.ShmVecEnv) -> dict:
         "worker_rss_mb": sum(rss_mb(p) for p in pids),
         "main_fds": fd_count(os.getpid()),
         "shm_entries": shm_entries(),
+        "mapped_segments": mapped_segments(),
     }
 
 
@@ -57,7 +67,12 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=1_000_000, help="env steps between samples")
     parser.add_argument("--rebuilds", type=int, default=4, help="times the vector env is closed and rebuilt")
     parser.add_argument("--max-growth-mb", type=float, default=20.0)
+    parser.add_argument("--gc", action="store_true", help="leave the cyclic garbage collector on")
     args = parser.parse_args()
+    if not args.gc:
+        # Off: close() must release every descriptor and mapping itself, with no cycle for the
+        # collector to find (a cycle would show here as memory, descriptors or mappings growing).
+        gc.disable()
 
     def build() -> shmvec.ShmVecEnv:
         envs = shmvec.make("CartPole-v1", num_envs=args.num_envs, num_workers=args.num_workers,
@@ -98,9 +113,11 @@ def main() -> int:
     envs.close()
     print(f"\nfirst: {first}\nlast:  {last}")
     grew = (last["main_rss_mb"] - first["main_rss_mb"]) + (last["worker_rss_mb"] - first["worker_rss_mb"])
-    ok = grew <= args.max_growth_mb and last["main_fds"] == first["main_fds"] and last["shm_entries"] == first["shm_entries"]
+    ok = (grew <= args.max_growth_mb and last["main_fds"] == first["main_fds"]
+          and last["shm_entries"] == first["shm_entries"] and last["mapped_segments"] == first["mapped_segments"])
     print(f"memory growth {grew:+.1f} MB, fds {first['main_fds']} -> {last['main_fds']}, "
-          f"/dev/shm entries {first['shm_entries']} -> {last['shm_entries']}: {'OK' if ok else 'FAILED'}")
+          f"/dev/shm entries {first['shm_entries']} -> {last['shm_entries']}, mapped segments "
+          f"{first['mapped_segments']} -> {last['mapped_segments']}: {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1
 
 

@@ -163,8 +163,9 @@ class ActionBatch:
         self.leaves = space_leaves(single_action_space)
         self.flat = len(self.leaves) == 1 and not self.leaves[0].path and not self.leaves[0].pickled
         self.checks = [action_checker(leaf) if validate else None for leaf in self.leaves]
-        # How each leaf's part of a batch becomes its array, chosen once per leaf.
-        self._convert = [self._items if leaf.pickled else self._checked for leaf in self.leaves]
+        # How each leaf's part of a batch becomes its array, chosen once per leaf (functions,
+        # not bound methods: the batch holding its own methods would be a reference cycle).
+        self._convert = [ActionBatch._items if leaf.pickled else ActionBatch._checked for leaf in self.leaves]
         self._shapes: dict[int, list[tuple[int, ...]]] = {}  # n -> the expected shape of each leaf
 
     def leaf_arrays(self, actions: Any, n: int, ignored: np.ndarray | None = None) -> list[np.ndarray]:
@@ -187,7 +188,7 @@ class ActionBatch:
                 f"actions do not match action_space {self.space} (per env): {type(exc).__name__}: {exc}"
             ) from None
         convert = self._convert
-        return [convert[k](k, part, shapes[k], ignored) for k, part in enumerate(parts)]
+        return [convert[k](self, k, part, shapes[k], ignored) for k, part in enumerate(parts)]
 
     def _checked(self, k: int, part: Any, shape: tuple[int, ...], ignored: np.ndarray | None) -> np.ndarray:
         a = part if type(part) is np.ndarray else np.asarray(part)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import platform
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -154,10 +155,20 @@ def assembly(triple: str) -> str:
 
 
 def _choose() -> tuple[str, Callable[[], None]]:
+    if struct.calcsize("P") < 8:
+        # The control words are int64, each read and written as one access: single-copy atomic
+        # on 64-bit CPUs only (a torn SLEEPING or count could lose a wake-up).
+        raise ImportError("shmvec needs a 64-bit CPU and Python: its shared control words are 64-bit")
     wanted = os.environ.get("SHMVEC_FENCE", "")
     if wanted not in ("", "lock", "compiled"):
         raise ValueError(f"SHMVEC_FENCE must be 'lock' or 'compiled', got {wanted!r}")
-    if wanted == "lock" or (not wanted and platform.machine().lower() in STRONGLY_ORDERED):
+    strong = platform.machine().lower() in STRONGLY_ORDERED
+    if wanted == "lock" and not strong:
+        raise ValueError(
+            f"SHMVEC_FENCE=lock is not a full barrier on this CPU ({platform.machine()}, weakly ordered): "
+            "unset it, or use SHMVEC_FENCE=compiled"
+        )
+    if wanted == "lock" or (not wanted and strong):
         return "lock", _lock_fence
     return "compiled", _compile()["fence"]
 

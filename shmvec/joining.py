@@ -19,7 +19,11 @@ from shmvec.processes import WorkerProcesses, raise_construct_failure
 from shmvec.segment import Segment
 from shmvec.stepper import Stepper, build_envs, close_all
 
-__all__ = ["Joining", "Segments"]
+__all__ = ["START_S", "Joining", "Segments"]
+
+# Seconds a block may take to join (build its envs, report, attach) when the vector env has no
+# ``timeout``: generous, for envs that compile or download as they are built, and emulated CPUs.
+START_S = 600.0
 
 
 class Segments(NamedTuple):
@@ -48,7 +52,7 @@ class Joining:
     context : str or None
         The ``multiprocessing`` start method.
     timeout : float or None
-        Seconds a block may take to join (at least 30); ``None`` waits forever.
+        Seconds a block may take to join (at least 30); ``None``: :data:`START_S`.
     """
 
     def __init__(
@@ -81,7 +85,9 @@ class Joining:
         ``ValueError`` (spaces that disagree), :class:`~shmvec.WorkerDied` or
         :class:`~shmvec.StepTimeout` (a worker lost); the caller shuts the block down.
         """
-        deadline = None if self.timeout is None else time.monotonic() + max(self.timeout, 30.0)
+        # A handshake that never completes (a constructor that hangs, a forked child deadlocked)
+        # ends in StepTimeout naming the worker and its phase, not in a wait for good.
+        deadline = time.monotonic() + (START_S if self.timeout is None else max(self.timeout, 30.0))
         main, workers = self.main_index, [b for b in block_ids if b != self.main_index]
         for block in workers:  # (they build their envs while this process builds its own)
             self.workers.start(block)

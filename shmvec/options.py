@@ -17,7 +17,7 @@ from typing import Any
 from gymnasium.vector import AutoresetMode
 
 from shmvec.checks import parse_autoreset_mode, positive_int, usable_cores
-from shmvec.protocol import WorkerOptions
+from shmvec.protocol import MAX_WORKERS, WorkerOptions
 
 __all__ = ["Options", "passed_on"]
 
@@ -149,7 +149,10 @@ def _count_workers(num_workers: int | None, step_in_main: bool, num_envs: int) -
         return max(0, min(usable_cores(), num_envs) - main)
     if step_in_main and num_workers == 0:
         return 0
-    return min(positive_int(num_workers, "num_workers"), num_envs - main)
+    workers = min(positive_int(num_workers, "num_workers"), num_envs - main)
+    if workers > MAX_WORKERS:  # a broadcast round counts its workers in 16 bits (protocol.count_base)
+        raise ValueError(f"num_workers must be at most {MAX_WORKERS}, got {num_workers}")
+    return workers
 
 
 def _check_batch_size(batch_size: int | None, n: int, workers: int, blocks: int, mode: AutoresetMode) -> int:

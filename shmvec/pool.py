@@ -15,73 +15,32 @@ Gymnasium API: it runs protocol commands and returns replies.
 
 from __future__ import annotations
 
-import pickle
-import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-from shmvec import probes
 from shmvec import protocol as P
 from shmvec.barrier import fence
 from shmvec.barrier import prepare as prepare_barrier
 from shmvec.blocks import split
 from shmvec.checks import usable_cores
-from shmvec.errors import ClosedError, PayloadError, StepTimeout, WorkerDied, WorkerError
+from shmvec.completion import Completion, Failures
+from shmvec.errors import ClosedError, WorkerError
 from shmvec.info_columns import InfoLayout, InfoSchema
 from shmvec.joining import Joining, Segments
 from shmvec.layout import Layout, RolloutLayout, control_lines
+from shmvec.main_block import MainBlock
 from shmvec.options import Options
-from shmvec.protocol import ANY_BLOCK, DONE, Command, Status, at_count, count_base, for_block
-from shmvec.protocol import counted as counted_of
-from shmvec.protocol import not_ok
+from shmvec.posting import Posting, pickle_payloads, sigint_held
+from shmvec.protocol import DONE, Command, not_ok
+from shmvec.replies import Replies
 from shmvec.segment import Segment
-from shmvec.stepper import Stepper, close_all
-from shmvec.sync import block_until, readable, ring, spin_policies, spin_until
-
-# Seconds between looks for dead workers while the others keep finishing (asynchronous waits).
-SENTINEL_CHECK_S = 0.02
-
-Failures = dict[int, Exception]  # block index -> what went wrong there
-
-
-def _pickle_payloads(payloads: list, block_ids: list[int]) -> dict[int, bytes]:
-    """The worker blocks' payloads, pickled before any worker is told that one is coming: a payload
-    that cannot be pickled then fails with every worker still idle, instead of leaving them
-    waiting for it. A payload shared by several blocks (a ``call``'s arguments) is pickled once.
-    """
-    from multiprocessing.reduction import ForkingPickler
-
-    blobs: dict[int, bytes] = {}
-    done: dict[int, bytes] = {}
-    for block in block_ids:
-        payload = payloads[block]
-        if payload is not None:
-            blob = done.get(id(payload))
-            if blob is None:
-                try:
-                    blob = done[id(payload)] = bytes(ForkingPickler.dumps(payload))
-                except Exception as exc:
-                    raise PayloadError(
-                        f"the arguments for block {block} cannot be pickled: {type(exc).__name__}: {exc}"
-                    ) from exc
-            blobs[block] = blob
-    return blobs
-
-
-@contextmanager
-def sigint_held() -> Iterator[None]:
-    """Hold SIGINT back for the block inside (a Ctrl-C then arrives as it ends)."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+from shmvec.stepper import close_all
+from shmvec.sync import spin_policies
 
 
 class BlockState(Enum):
@@ -99,38 +58,6 @@ class PoolState(Enum):
     OPEN = "open"
     BROKEN = "broken"
     CLOSED = "closed"
-
-
-class MainBlock:
-    """The block the calling process steps (``step_in_main``), driven like a worker's.
-
-    :meth:`WorkerPool.submit` parks a command here, :meth:`WorkerPool.wait` runs it (in this
-    process, while the workers step theirs), :meth:`WorkerPool.collect` takes its result: the
-    same path for synchronous and asynchronous rounds.
-    """
-
-    __slots__ = ("index", "stepper", "pending", "result")
-
-    def __init__(self, index: int, stepper: Stepper) -> None:
-        self.index = index
-        self.stepper = stepper
-        self.pending: tuple[int, Any, int] | None = None  # (cmd, payload, arg) submitted, not run yet
-        self.result: tuple[Any, Exception | None] | None = None  # (reply, failure) run, not collected yet
-
-    def run_pending(self) -> None:
-        """Run the submitted command; keep its ``(reply, failure)`` for :meth:`take`."""
-        (cmd, payload, arg), self.pending = self.pending, None  # type: ignore[misc]
-        stepper = self.stepper
-        try:
-            self.result = stepper.run(cmd, payload, arg), None
-        except Exception as exc:
-            report = P.error_report(exc, self.index, stepper.current, P.phase(cmd), cmd)
-            report["worker_index"] = None  # no worker: the calling process stepped it
-            self.result = None, WorkerError(report)
-
-    def take(self) -> tuple[Any, Exception | None]:
-        result, self.result = self.result, None
-        return result if result is not None else (None, None)
 
 
 class WorkerPool:
@@ -164,24 +91,19 @@ class WorkerPool:
         worker_spin, self._wait_policy = spin_policies(
             num_workers, num_blocks, usable_cores(), options.spin_us, asynchronous
         )
-        self._next_sentinel_check = 0.0
 
         # Filled in by the set-up below.
         self.spaces: P.Spaces  # what every env reported: spaces, metadata, render mode, spec
         self.layout: Layout
         self.views: dict[str, np.ndarray] = {}
         self.lines: list[memoryview] = []  # one int64 memoryview per control line: a third of a numpy scalar's cost
-        self.replies: list[memoryview] = []  # each block's row of the replies region
+        self.replies: Replies  # the statuses and replies of a round, and the pickled leaves
         self.main_line: memoryview
         self.main: MainBlock | None = None  # the block stepped by this process
         self._segment: Segment | None = None
         # Segments attached after the start, by the command that attached them (the rollout's,
         # the scalar infos'): a replaced block is sent each again (see Restart.RESEND).
         self.attached: dict[Command, Segment] = {}
-        # Pickled leaves (variable-size spaces): the action regions a STEP sends each worker in
-        # its payload, and whether STEP and RESET replies carry observation regions.
-        self._pickled_act: list[str] = []
-        self._pickled_obs = False
 
         # Command rounds. Per block, the main one included: its asynchronous state, the sequence
         # number it must reach, its last command, and perf_counter() of its last submission.
@@ -190,13 +112,8 @@ class WorkerPool:
         self._target = [0] * num_blocks
         self.commands: list[int] = [0] * num_blocks
         self._submitted = [0.0] * num_blocks
-        self._all_seq: int | None = None  # set while every worker block's target is this one number
-        self._all_done: Callable[[], bool] = lambda: False  # see _lay_out
-        self._next_done = 0  # the first worker block all_done() has not seen done this round
-        self._counted = False  # the round in flight is a broadcast: its workers count themselves done
-        self._roots = P.relay_children(None, num_workers)  # the workers main wakes in a broadcast round
-        self._counted_done: Callable[[], bool] = lambda: False  # see _lay_out
-        self._everyone = at_count(num_workers)  # main's SLEEPING for a broadcast round's last worker
+        self.posting: Posting  # how rounds are posted, and
+        self.completion: Completion  # how their ends are known (see _lay_out)
 
         prepare_barrier()  # (the workers' atomic add, compiled once here: forked workers inherit it)
         self.joining = Joining(
@@ -227,30 +144,14 @@ class WorkerPool:
         )
         self._segment = segment = Segment(self.layout)
         self.views = segment.views
-        self._pickled_act = self.layout.pickled("act/")
-        self._pickled_obs = bool(self.layout.pickled("obs/"))
         self.lines = control_lines(self.views)
         self.main_line = self.lines[len(self.blocks)]
-        self.replies = [memoryview(row) for row in self.views["replies"]]
-        worker_lines = self.lines[: len(self.worker_blocks)]
-
-        count = len(worker_lines)
-
-        def all_done() -> bool:  # every worker block reached _all_seq (what a sync round waits for)
-            # Each block's DONE is read until it is seen done, then never again this round.
-            seq, i = self._all_seq, self._next_done
-            while i < count and worker_lines[i][DONE] == seq:
-                i += 1
-            self._next_done = i
-            return i == count
-
-        main_line = self.main_line
-
-        def counted_done() -> bool:  # a broadcast round: every worker counted itself done
-            return main_line[DONE] & 0xFFFF == count  # (protocol.counted; main set the tag)
-
-        self._all_done = all_done
-        self._counted_done = counted_done
+        self.replies = Replies(self.layout, self.views, self.lines, self.workers, self.blocks, self.commands)
+        workers = len(self.worker_blocks)
+        self.posting = Posting(self.lines, self.workers, workers)
+        self.completion = Completion(
+            self.lines, self.workers, workers, self._wait_policy, self._target, self._submitted, self.commands
+        )
         return Segments(segment, self.attached)
 
     @property
@@ -284,31 +185,36 @@ class WorkerPool:
             line = self.lines[block]
             line[P.GO] = line[DONE] = self._target[block] = self.seq
             line[P.SLEEPING] = 0
-            self._all_seq, self._counted = None, False
+            self.completion.begin(None, False)
         assert self._segment is not None
         handed = Segments(self._segment, self.attached)
         _, stepper = self.joining.join([block], self.spaces, lambda _: handed)
         if main is not None and stepper is not None:
             main.stepper = stepper
 
-    def attach_rollout(self, num_steps: int) -> Segment:
+    def attach_rollout(self, num_steps: int, lost_later: bool = False) -> Segment:
         """Create the rollout segment for ``num_steps`` steps and hand it to every block.
 
         A previous rollout segment is dropped (views of it stay valid while they live). Raises
-        what the round raised if a block fails to map it (the pool is then broken).
+        what the round raised if a block fails to map it (the pool is then broken);
+        ``lost_later``: see :meth:`attach`.
         """
-        return self.attach(Command.ROLLOUT_ATTACH, Segment(RolloutLayout.build(self.layout, num_steps)))
+        return self.attach(Command.ROLLOUT_ATTACH, Segment(RolloutLayout.build(self.layout, num_steps)), lost_later)
 
-    def attach_infos(self, schema: InfoSchema) -> Segment:
+    def attach_infos(self, schema: InfoSchema, lost_later: bool = False) -> Segment:
         """Create the segment of the scalar infos of ``schema`` and hand it to every block; raise
         like :meth:`attach_rollout`.
         """
-        return self.attach(Command.INFO_ATTACH, Segment(InfoLayout.build(schema, self.num_envs)))
+        return self.attach(Command.INFO_ATTACH, Segment(InfoLayout.build(schema, self.num_envs)), lost_later)
 
-    def attach(self, cmd: Command, segment: Segment) -> Segment:
+    def attach(self, cmd: Command, segment: Segment, lost_later: bool = False) -> Segment:
         """Hand ``segment`` to every block with ``cmd`` (a command whose payload is a segment's
         layout, see ``Command.descriptor``), in place of the one ``cmd`` attached before; a
         block that joins later gets it in its ``Attach`` (:mod:`shmvec.joining`).
+
+        ``lost_later``: a worker lost in this round (died, or stopped past the timeout) is left
+        for the next round to find, as one killed while idle is (``on_error="restart"``
+        replaces it then, and its replacement gets this segment as it joins).
         """
         old = self.attached.pop(cmd, None)
         if old is not None:
@@ -318,7 +224,10 @@ class WorkerPool:
         payloads: list[Any] = [segment.layout] * len(self.blocks)
         if self.main is not None:
             payloads[-1] = (segment.layout, segment.mapping)
-        _, failures = self.run(cmd, payloads, fd=segment.fd)
+        with sigint_held():  # (a Ctrl-C waits the few milliseconds: every block holds the same segment)
+            _, failures = self.run(cmd, payloads, fd=segment.fd)
+        if lost_later:
+            failures = {b: e for b, e in failures.items() if isinstance(e, WorkerError)}
         if failures:
             self.state = PoolState.BROKEN
             self.raise_first(failures)
@@ -356,16 +265,14 @@ class WorkerPool:
             block_ids = self.worker_blocks
         else:
             block_ids = [b for b in block_ids if b != main.index]
-        if self._pickled_act and cmd == Command.STEP:
-            payloads = self._action_payloads(block_ids)
-        blobs = None if payloads is None else _pickle_payloads(payloads, block_ids)
-        probe = probes.probe
+        if self.replies.pickled_act and cmd == Command.STEP:
+            payloads = self.replies.action_payloads(block_ids)
+        blobs = None if payloads is None else pickle_payloads(payloads, block_ids)
         seq = self.seq = self.seq + 1
         target, commands, states = self._target, self.commands, self.states
         if block_ids:
             submitted, now = self._submitted, time.perf_counter()
             every = len(block_ids) == len(self.worker_blocks)
-            broadcast = every and payloads is None and fd is None
             if every:  # the workers' blocks, 0 .. W - 1: one slice assignment each
                 n = len(block_ids)
                 target[:n], submitted[:n], commands[:n], states[:n] = [seq] * n, [now] * n, [cmd] * n, [state] * n
@@ -375,25 +282,12 @@ class WorkerPool:
                     submitted[block] = now
                     commands[block] = cmd
                     states[block] = state
-            self._all_seq, self._next_done = (seq if every else None), 0
             try:
-                if broadcast:
-                    self._post_broadcast(cmd, arg, seq)
-                elif blobs is None:
-                    self._post(cmd, arg, seq, block_ids, payloads)
-                else:
-                    # A GO and its payload go together: a Ctrl-C between them would leave the
-                    # worker waiting for a payload never sent (SIGINT is held until both are out).
-                    with sigint_held():
-                        self._post(cmd, arg, seq, block_ids, payloads)
-                        for block in block_ids:
-                            if block in blobs:
-                                self.workers.send(block, blobs[block], fd)
-                                if probe:
-                                    probe("main:sent")
+                self.posting.post(cmd, arg, seq, block_ids, payloads, blobs, fd)
             except BaseException:
                 self._interrupted(block_ids, seq)
                 raise
+            self.completion.begin(seq if every else None, self.posting.broadcast)
         if main is not None:
             # Run in wait(): the main process steps its block while it would otherwise wait
             # for the workers, and only then, so it keeps handing out their batches first.
@@ -407,79 +301,14 @@ class WorkerPool:
         the main block's command parked or run) are IN_FLIGHT, still running it for all this
         process knows (the next drain waits for them); the others are IDLE, never told.
         """
-        lines, main_line, target, states = self.lines, self.main_line, self._target, self.states
-        broadcast = self._counted and main_line[P.GO] == seq
-        main = self.main
+        target, states, main = self._target, self.states, self.main
         for block in block_ids:
             if main is not None and block == main.index:
                 posted = target[block] == seq and (main.pending is not None or main.result is not None)
             else:
-                posted = broadcast or lines[block][P.GO] == seq
+                posted = self.posting.posted(block, seq)
             states[block] = BlockState.IN_FLIGHT if posted else BlockState.IDLE
-
-    def _post_broadcast(self, cmd: int, arg: int, seq: int) -> None:
-        """Post ``cmd`` to every worker at once, on main's line, with at most ``protocol.ROOTS``
-        wake-ups (the tree's roots; the workers relay the others, ``protocol.relay_children``).
-        """
-        main_line = self.main_line
-        main_line[P.CMD] = cmd
-        main_line[P.ARG] = arg
-        # The round's count, tagged with it: a late worker of an earlier round cannot count here.
-        main_line[DONE] = count_base(seq)
-        self._counted = True
-        probe = probes.probe
-        if probe:
-            probe("main:post")
-        fence()  # ordering [GO]: the actions, the command words and the count before the broadcast GO
-        main_line[P.GO] = seq
-        if probe:
-            probe("main:posted")
-        fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
-        lines, wake_fds = self.lines, self.workers.wake_fds
-        for block in self._roots:
-            if lines[block][P.SLEEPING]:
-                ring(wake_fds[block])
-
-    def _post(self, cmd: int, arg: int, seq: int, block_ids: list[int], payloads: list | None) -> None:
-        """Post ``cmd`` on the lines of ``block_ids``, and wake those that sleep."""
-        self._counted = False
-        lines = self.lines
-        for block in block_ids:
-            line = lines[block]
-            line[P.CMD] = cmd
-            line[P.ARG] = arg
-            line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
-        probe = probes.probe
-        if probe:
-            probe("main:post")
-        fence()  # ordering [GO]: the actions and the command words before GO
-        for block in block_ids:
-            lines[block][P.GO] = seq
-            if probe:
-                probe("main:posted")
-        fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
-        wake_fds = self.workers.wake_fds
-        for block in block_ids:
-            if lines[block][P.SLEEPING]:
-                ring(wake_fds[block])
-
-    def _action_payloads(self, block_ids: list[int]) -> list[dict[str, np.ndarray] | None]:
-        """Each worker block's slice of the pickled action regions (``None`` for other blocks)."""
-        payloads: list[dict[str, np.ndarray] | None] = [None] * len(self.blocks)
-        for block in block_ids:
-            sl = slice(self.blocks[block].start, self.blocks[block].stop)
-            payloads[block] = {name: self.views[name][sl] for name in self._pickled_act}
-        return payloads
-
-    def _absorb(self, block: int, reply: tuple) -> Any:
-        """Copy the pickled observation regions that worker ``block`` sent with a STEP or RESET
-        reply into this process's arrays; return the reply's own part (infos or ``None``).
-        """
-        reply, regions = reply
-        sl = slice(self.blocks[block].start, self.blocks[block].stop)
-        for name, values in regions.items():
-            self.views[name][sl] = values
-        return reply
+        self.completion.begin(None, False)
 
     def receive(self, count: int, ordered: bool = False) -> tuple[list[int], dict[int, Any], Failures]:
         """Wait until ``count`` of the blocks in flight finished (all of them if fewer are in
@@ -500,7 +329,7 @@ class WorkerPool:
             target = self._target
             flying = sorted(sorted(flying, key=lambda b: (target[b], b))[:count])
         failures = self.wait(flying, count, self.timeout)
-        ready = [block for block in flying if self._finished(block)]  # in block order
+        ready = self._finished(flying)  # in block order
         fence()  # ordering [DONE]: this scan may see blocks the wait did not (finished since)
         if failures:
             ready = sorted(set(ready) | set(failures))
@@ -515,11 +344,13 @@ class WorkerPool:
             states[block] = idle
         return ready, replies, failures
 
-    def _finished(self, block: int) -> bool:
+    def _finished(self, block_ids: list[int]) -> list[int]:
+        """The blocks of ``block_ids`` that finished their command (in their order)."""
         main = self.main
-        if main is not None and block == main.index:
-            return main.result is not None
-        return self.lines[block][DONE] == self._target[block]
+        if main is None or main.index not in block_ids:
+            return self.completion.done_of(block_ids)
+        done = set(self.completion.done_of([b for b in block_ids if b != main.index]))
+        return [b for b in block_ids if b in done or (b == main.index and main.result is not None)]
 
     def wait(
         self, block_ids: list[int], count: int, timeout: float | None, on_done: Callable[[int], None] | None = None
@@ -541,7 +372,9 @@ class WorkerPool:
             if main.pending is not None:
                 # Its turn comes unless `count` worker blocks submitted before it are done already
                 # (a wait for every block needs it anyway).
-                if count > len(block_ids) or self._done_before(block_ids, m) < count:
+                target = self._target
+                before = [b for b in block_ids if target[b] < target[m]]  # submitted before it
+                if count > len(block_ids) or len(self.completion.done_of(before)) < count:
                     try:
                         main.run_pending()
                     except BaseException:  # KeyboardInterrupt, SystemExit: the block is half stepped
@@ -553,239 +386,18 @@ class WorkerPool:
             else:
                 count -= 1
         if count > 0 and block_ids:
-            self._wait_workers(block_ids, count, timeout, failures, on_done)
+            self.completion.wait(block_ids, count, timeout, failures, on_done)
         if count < len(block_ids):
             # The caller is served while some blocks are still out: look at those anyway.
-            self._check_late(block_ids, failures, time.perf_counter())
+            self.completion.check_late(block_ids, failures, time.perf_counter(), self.timeout)
         return failures
-
-    def _done_before(self, block_ids: list[int], main: int) -> int:
-        """How many worker blocks of ``block_ids``, submitted before the main block's
-        command, are done.
-        """
-        target, lines, mine = self._target, self.lines, self._target[main]
-        return sum(1 for b in block_ids if target[b] < mine and lines[b][DONE] == target[b])
-
-    def _wait_workers(
-        self,
-        block_ids: list[int],
-        count: int,
-        timeout: float | None,
-        failures: Failures,
-        on_done: Callable[[int], None] | None,
-    ) -> None:
-        """Spin, then block, until ``count`` worker blocks of ``block_ids`` have finished or
-        failed (the failures go into ``failures``); ``on_done`` as in :meth:`wait`.
-        """
-        policy = self._wait_policy
-        t0 = time.perf_counter()
-        # The common case spins on a cheaper test built once: every worker, one sequence number.
-        every_worker = count >= len(block_ids) == len(self.worker_blocks) and self._all_seq is not None
-        # A broadcast round is done when its count is (one word); another round for every worker
-        # when each block's DONE is (each read until seen done).
-        counted = every_worker and self._counted
-        all_done, named_wake = self._done_test(counted, on_done)
-        if every_worker and spin_until(all_done, policy):
-            policy.update(time.perf_counter() - t0)
-            fence()  # ordering [DONE]: DONE seen before the results are read
-            return
-        lines, target = self.lines, self._target
-
-        def ready() -> bool:  # failed blocks count as finished
-            n = len(failures)
-            for block in block_ids:
-                if lines[block][DONE] == target[block] and block not in failures:
-                    n += 1
-            return n >= count
-
-        if not every_worker and spin_until(ready, policy):
-            policy.update(time.perf_counter() - t0)
-            fence()  # ordering [DONE]
-            return
-        submitted, sentinels = self._submitted, self.workers.sentinels
-        probe = probes.probe
-        while True:
-            # Waiting for every worker, main sleeps until the last of a broadcast round rings it
-            # (or the next to finish, taking each block's results), watching every worker; or
-            # it names the first worker not done and watches that one alone: only it rings,
-            # and main reaches each in turn (a later one that died or hangs is found when
-            # named). After a failure, any worker rings.
-            named = every_worker and not failures
-            if named and all_done():
-                break
-            if probe:
-                probe("main:waited")
-            if named and counted:
-                # Every worker: one that died is this round's failure even if its DONE is stored
-                # (it may have died before it counted itself; the count would never be complete).
-                watch = self.worker_blocks
-            elif named:
-                watch = [self.worker_blocks[self._next_done]]
-            else:
-                watch = [b for b in block_ids if b not in failures and lines[b][DONE] != target[b]]
-            remaining = None
-            if timeout is not None:  # each block's timeout counts from its submission
-                first = min(submitted[b] for b in (watch or block_ids))
-                remaining = max(0.0, first + timeout - time.perf_counter())
-            try:
-                dead = block_until(
-                    all_done if named else ready,
-                    self.main_line,
-                    self.workers.done_fd,
-                    sentinels if watch is self.worker_blocks else [sentinels[b] for b in watch],
-                    remaining,
-                    announce=named_wake if named else ANY_BLOCK,
-                )
-            except TimeoutError:
-                dead = []
-                if named and counted:
-                    # The count is late: each block's own DONE decides from now on (a worker held
-                    # between its DONE and its count has its results written, and its tagged
-                    # count cannot land in a later round); those not done are overdue, below.
-                    counted = False
-                    all_done, named_wake = self._done_test(False, None)
-            if dead or timeout is not None:
-                self._lost(watch, dead, time.perf_counter(), timeout, failures, named and counted)
-            if all_done() if every_worker and not failures else ready():
-                break
-        policy.update(time.perf_counter() - t0)
-        if probe:
-            probe("main:seen")
-        fence()  # ordering [DONE]
-
-    def _done_test(
-        self, counted: bool, on_done: Callable[[int], None] | None
-    ) -> tuple[Callable[[], bool], int | Callable[[], int]]:
-        """The test of a round for every worker done, and main's ``SLEEPING`` while it waits for
-        that round: a broadcast's count (``at_count``), or the first block not seen done.
-        """
-        if not counted:
-            return self._all_done, self._first_not_done
-        if on_done is None:
-            return self._counted_done, self._everyone
-        return self._each_done(on_done)
-
-    def _each_done(self, on_done: Callable[[int], None]) -> tuple[Callable[[], bool], Callable[[], int]]:
-        """A broadcast round's test of done that also hands ``on_done`` each worker block as it
-        is seen done, and main's ``SLEEPING`` for its next sleep: rung once half the blocks not
-        handed out yet have finished, the last alone (``at_count``: main's count word says how
-        many finished, not which; each worker wrote its own ``DONE`` before it counted itself).
-        Main wakes about log2(workers) times a round, not once per block, and the block that
-        finishes last is the one left to take after the round.
-        """
-        lines, main_line, seq = self.lines, self.main_line, self._all_seq
-        workers = len(self.worker_blocks)
-        left = list(self.worker_blocks)  # the blocks not handed out yet
-        counted = [0]  # the count when they were last looked at
-
-        def done() -> bool:
-            word = main_line[DONE]
-            if word != counted[0]:
-                counted[0] = word
-                fence()  # ordering [COUNT]: the count before the DONE words of the workers it counts
-                finished = [b for b in left if lines[b][DONE] == seq]
-                if finished:
-                    fence()  # ordering [DONE]: each DONE seen before that block's results are read
-                    for block in finished:
-                        left.remove(block)
-                        on_done(block)
-            return counted_of(word) == workers
-
-        def wake() -> int:  # rung when half the blocks still out have finished (the last: alone)
-            copied = workers - len(left)
-            return at_count(min(copied + max(1, (workers - copied) // 2), workers))
-
-        return done, wake
-
-    def _first_not_done(self) -> int:
-        """Main's ``SLEEPING`` while it waits for every worker: ``k + 1``, ``k`` the first worker
-        block it has not seen done.
-        """
-        return for_block(self._next_done)
-
-    def _check_late(self, block_ids: list[int], failures: Failures, now: float) -> None:
-        """Add to ``failures`` the worker blocks among ``block_ids`` still out whose worker died
-        or overran the timeout since their submission.
-
-        For waits that return while some blocks are still out: a dead or stuck worker must not
-        go unnoticed just because the others keep finishing. One ``select`` on their sentinels,
-        no waiting, at most every ``SENTINEL_CHECK_S`` (a syscall per recv costs more than the rest).
-        """
-        if now < self._next_sentinel_check:
-            return
-        self._next_sentinel_check = now + SENTINEL_CHECK_S
-        lines, target, procs = self.lines, self._target, self.workers.procs
-        late = [b for b in block_ids if lines[b][DONE] != target[b] and b not in failures]
-        if late:
-            dead = readable([procs[b].sentinel for b in late], 0)
-            self._lost(late, dead, now, self.timeout, failures)
-
-    def _lost(
-        self,
-        block_ids: list[int],
-        dead: list[int],
-        now: float,
-        timeout: float | None,
-        failures: Failures,
-        counted: bool = False,
-    ) -> None:
-        """The one judgement of a worker that does not answer: among ``block_ids`` still out, a
-        worker whose sentinel is in ``dead`` died; one past ``timeout`` since its submission is
-        stopped. Each goes into ``failures``. In a ``counted`` round (a broadcast whose count is
-        not complete) a worker that died fails it whatever its DONE says: it may have died
-        after storing DONE and before counting itself.
-        """
-        lines, target, procs, workers = self.lines, self._target, self.workers.procs, self.workers
-        for block in block_ids:
-            if block in failures:
-                continue
-            done = lines[block][DONE] == target[block]
-            if procs[block].sentinel in dead and (counted or not done):
-                failures[block] = workers.died(block)
-            elif not done and timeout is not None and now - self._submitted[block] >= timeout - 1e-3:
-                failures[block] = workers.stop_overdue(block, P.phase(self.commands[block]), timeout)
 
     def collect(self, block_ids: list[int], timeout: float | None) -> tuple[dict[int, Any], Failures]:
         """Statuses and replies of finished blocks: ``({block: reply}, {block: failure})``.
 
         Only blocks whose status says a reply follows appear in the first dict.
         """
-        replies: dict[int, Any] = {}
-        failures: Failures = {}
-        deadline: float | None = -1.0  # computed at the first reply to read: most rounds have none
-        lines, commands, main = self.lines, self.commands, self.main
-        for block in block_ids:
-            if main is not None and block == main.index:
-                reply, exc = main.take()
-                if exc is not None:
-                    failures[block] = exc
-                elif reply is not None:
-                    replies[block] = reply
-                continue
-            line = lines[block]
-            status = line[P.STATUS]
-            if status == Status.OK:
-                continue
-            size = line[P.REPLY_LEN]
-            if size >= 0:  # in shared memory: no syscall, no wait
-                msg = pickle.loads(self.replies[block][:size])
-            else:
-                if deadline == -1.0:
-                    deadline = None if timeout is None else time.monotonic() + timeout
-                try:
-                    msg = self.workers.recv(block, deadline, P.phase(commands[block]))
-                except (WorkerDied, StepTimeout) as exc:
-                    failures[block] = exc
-                    continue
-            if status == Status.REPLY:
-                if self._pickled_obs and commands[block] in (Command.STEP, Command.RESET):
-                    msg = self._absorb(block, msg)
-                    if msg is None:
-                        continue
-                replies[block] = msg
-            else:
-                failures[block] = WorkerError(msg)
-        return replies, failures
+        return self.replies.collect(block_ids, timeout, self.main)
 
     def run(
         self,
@@ -820,7 +432,7 @@ class WorkerPool:
             raise
         if failures:
             ids = [b for b in ids if b not in failures]
-        elif self._counted and not_ok(self.main_line[DONE]) == 0:  # a broadcast round no worker replied to
+        elif self.completion.counted and not_ok(self.main_line[DONE]) == 0:  # a broadcast round no worker replied to
             ids = [] if self.main is None or self.main.index not in ids else [self.main.index]
         got, failed = self.collect(ids, timeout)
         failures.update(failed)
@@ -867,5 +479,7 @@ class WorkerPool:
         # copy=False may outlive the env; they stay valid, the name is already unlinked).
         self.main = None
         self.views = {}
-        self.replies = []
+        self.lines = []
         self._segment = None
+        # (the control lines' views they hold)
+        self.posting = self.completion = self.main_line = self.replies = None  # type: ignore[assignment]

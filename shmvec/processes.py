@@ -179,8 +179,8 @@ class WorkerProcesses:
             if conn in ready:
                 try:
                     return conn.recv()
-                except EOFError:
-                    pass
+                except (EOFError, ConnectionResetError, BrokenPipeError):
+                    pass  # the worker went away: its sentinel says so
                 except Exception as exc:  # sent, but this process cannot unpickle it (a module it lacks)
                     raise self.unreadable(block, phase, exc) from exc
             if proc.sentinel in ready or not proc.is_alive():
@@ -216,7 +216,7 @@ class WorkerProcesses:
             proc.kill()
         proc.join(1.0)
         envs = self.block_envs[block]
-        limit = "its deadline" if timeout is None else f"timeout={timeout} s"
+        limit = "the start-up deadline" if timeout is None else f"timeout={timeout} s"
         return StepTimeout(
             f"worker {block} (envs {envs.start}..{envs.stop - 1}) did not finish within {limit} ({phase}); "
             "it was stopped"
@@ -227,9 +227,12 @@ class WorkerProcesses:
         pipe stays: the new worker reads it).
         """
         proc = self.procs[block]
-        if proc.is_alive():
-            proc.kill()
-        proc.join(1.0)
+        if proc is not None:  # (None: stopped already)
+            if proc.is_alive():
+                proc.kill()
+            proc.join(1.0)
+            if _release(proc):
+                self.procs[block] = None
         self.conns[block].close()
 
     # -- shutdown ----------------------------------------------------------------------------------
@@ -238,7 +241,7 @@ class WorkerProcesses:
 
         Idempotent.
         """
-        for proc in self.procs:
+        for block, proc in enumerate(self.procs):
             if proc is None:
                 continue
             proc.join(timeout)
@@ -248,6 +251,8 @@ class WorkerProcesses:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
+            if _release(proc):
+                self.procs[block] = None
         for conn in (*self.conns, *(end for pipe in self._wake for end in pipe), *self._done_conns):
             if conn is None:
                 continue
@@ -255,3 +260,14 @@ class WorkerProcesses:
                 conn.close()
             except OSError:
                 pass
+
+
+def _release(proc: Any) -> bool:
+    """Close ``proc``'s sentinel and other resources once it has exited, at once rather than when
+    the object is collected; whether it could (a process that did not exit keeps them).
+    """
+    try:
+        proc.close()
+    except ValueError:
+        return False
+    return True

@@ -118,7 +118,8 @@ def counted(word: int) -> int:
 
 def not_ok(word: int) -> int:
     """The workers a broadcast round's count word says ended with a status other than OK (a
-    reply or an error report follows)."""
+    reply or an error report follows).
+    """
     return (word >> 16) & 0xFFFF
 
 

@@ -12,9 +12,11 @@ env factories, and a worker registers those it lacks before it builds its envs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["carried", "register_missing"]
+__all__ = ["carried", "quiet_overrides", "register_missing"]
 
 # Entry points that `import gymnasium` registers by itself in any interpreter.
 _GYMNASIUM_OWN = ("gymnasium.envs.",)
@@ -42,6 +44,26 @@ def carried() -> list[Any]:
             continue
         specs.append(spec)
     return specs
+
+
+@contextmanager
+def quiet_overrides(specs: list[Any]) -> Iterator[None]:
+    """No "Overriding environment ... already in registry" warning for the ids of ``specs``
+    inside the block: a worker's factory that imports a package registering its envs at import
+    (``ale_py``) registers again what :func:`register_missing` carried, hundreds of warnings the
+    user did not cause (registered at module level, the same import in the main process warns
+    nothing either).
+    """
+    if not specs:
+        yield
+        return
+    import re
+    import warnings
+
+    ids = "|".join(re.escape(spec.id) for spec in specs)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=rf".*Overriding environment ({ids}) already in registry")
+        yield
 
 
 def register_missing(specs: list[Any]) -> None:

@@ -64,6 +64,7 @@ class RolloutStorage:
         action_space: spaces.Space,
         next_step: bool,
     ) -> None:
+        self.layout = layout
         self.num_steps, self.num_envs = layout.num_steps, layout.num_envs
         self.observation_space, self.action_space = observation_space, action_space
         self.obs = layout.leaf_views(views, "obs")  # [T + 1, N, ...] each

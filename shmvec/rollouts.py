@@ -101,10 +101,14 @@ class Rollouts:
             self.autoreset_mode,
         )
         session.drain()  # what send() started finishes before row 0 is taken
-        storage = self._storage
-        if storage is None or storage.num_steps != num_steps:
+        segment = session.pool.attached.get(Command.ROLLOUT_ATTACH)
+        if segment is None or segment.layout.num_steps != num_steps:
             with session.closing:
-                segment = session.pool.attach_rollout(num_steps)
+                segment = session.pool.attach_rollout(num_steps, session.options.on_error == "restart")
+        storage = self._storage
+        # The storage is always over the segment the blocks hold (a Ctrl-C between the attach
+        # round and the line below would otherwise leave the old storage beside the new segment).
+        if storage is None or storage.layout is not segment.layout:
             storage = self._storage = RolloutStorage(
                 segment.layout,
                 segment.views,

@@ -6,6 +6,7 @@ loaded (a spawned worker sets BLAS thread counts first).
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import secrets
@@ -45,17 +46,59 @@ def create(size: int) -> tuple[int, mmap.mmap]:
     return fd, map_fd(os.dup(fd), size)
 
 
-def map_fd(fd: int, size: int) -> mmap.mmap:
+def map_fd(fd: int, size: int) -> Any:
     """Map a segment from its file descriptor (as passed over a pipe), then close the fd.
 
     Workers never open a segment by name: they could not register it with the resource
     tracker safely (before Python 3.13 a child's registration unlinks the segment when that
     child exits), and by the time they map it the name is already gone.
+
+    The mapping is a ctypes byte array over ``mmap(2)``'s pages, unmapped when the last view of
+    it is gone. It holds no descriptor (``mmap.mmap`` keeps a duplicate of ``fd`` for its
+    life until Python 3.13), so closing a vector env releases every descriptor it opened,
+    whoever still holds a view.
     """
     try:
-        return mmap.mmap(fd, size)
+        libc = _libc()
+        address = libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of a shared-memory segment of {size} bytes failed: {os.strerror(err)}")
     finally:
         os.close(fd)
+    return _mapping_type(size).from_address(address)  # type: ignore[attr-defined]
+
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_LIBC: list[Any] = []
+
+
+def _libc() -> Any:
+    if not _LIBC:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.restype = ctypes.c_int
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
+def _unmap(mapping: Any) -> None:
+    _libc().munmap(ctypes.addressof(mapping), ctypes.sizeof(mapping))
+
+
+def _mapping_type(size: int) -> type:
+    """A ctypes array type of ``size`` bytes that unmaps its pages when it is freed (made once
+    per size: a type is a reference cycle, left to the collector, so none is made per segment).
+    """
+    kind = _TYPES.get(size)
+    if kind is None:
+        kind = _TYPES[size] = type("Mapping", (ctypes.c_ubyte * size,), {"__del__": _unmap, "__slots__": ()})
+    return kind
+
+
+_TYPES: dict[int, type] = {}
 
 
 class Segment:

@@ -95,6 +95,14 @@ class Session:
         # over; any other round (synchronous, or a submit) drops it.
         self.held: tuple[tuple, Batch] | None = None
 
+    def release(self) -> None:
+        """Drop this session's views of the segments, once its pool is shut down: the memory is
+        unmapped as soon as no one else holds a view (no reference cycle keeps it either).
+        """
+        self.results = self.home = self.latest = self.autoreset = None  # type: ignore[assignment]
+        self.held = None
+        self.infos.columns = None
+
     def set_option(self, name: str, value: Any) -> None:
         """Change option ``name`` of a running vector env (one the calling process applies)."""
         self.options = self.options.replace(name, value)
@@ -269,9 +277,17 @@ class Session:
         """
         if _IN_FLIGHT not in self.states:  # the usual case, on the step path
             return
+        pool = self.pool
         with self.closing:
-            _, _, failures = self.pool.receive(len(self.states))
-            self.pool.raise_first({b: e for b, e in failures.items() if not isinstance(e, WorkerError)})
+            _, _, failures = pool.receive(len(self.states))
+            lost = {b: e for b, e in failures.items() if not isinstance(e, WorkerError)}
+            # A worker lost in a step whose results are dropped is replaced as in that step
+            # (on_error="restart"), not raised from the round that drained it.
+            if lost and self.options.on_error == "restart":
+                if all(restart_of(pool.commands[b]) is Restart.REPLACE for b in lost):
+                    self._restart(lost, self.home)
+                    return
+            pool.raise_first(lost)
 
     def in_flight(self, blocks: Sequence[int] | None = None) -> bool:
         """Whether any block (of ``blocks``) has a command in flight."""
@@ -319,17 +335,17 @@ class Session:
                 _, again = pool.run(Command.RESET, payloads, block_ids=joined)
                 lost.update((b, e) for b, e in again.items() if isinstance(e, WorkerDied))
                 pool.raise_first({b: e for b, e in again.items() if b not in lost})
-            for block, exc in lost.items():
+            for block, died in lost.items():
                 died_starting[block] += 1
                 if died_starting[block] >= RESTARTS_IN_A_ROW:
                     pool.state = PoolState.BROKEN
                     raise WorkerDied(
-                        exc.worker_index,
-                        exc.exitcode,
-                        exc.envs,
+                        died.worker_index,
+                        died.exitcode,
+                        died.envs,
                         f"; it was replaced {RESTARTS_IN_A_ROW} times in a row, and each replacement died "
                         "while it started (the last as shown)",
-                    ) from exc
+                    ) from died
             todo = sorted(lost)
         for block in blocks:
             sl = slice(pool.blocks[block].start, pool.blocks[block].stop)
@@ -368,7 +384,7 @@ class Session:
         schema = InfoSchema.discover(infos)
         if schema is not None:
             with self.closing:  # a block that cannot map the segment leaves the pool broken
-                segment = self.pool.attach_infos(schema)
+                segment = self.pool.attach_infos(schema, self.options.on_error == "restart")
             self.infos.columns = ColumnReader(segment.layout, segment.views)
 
 

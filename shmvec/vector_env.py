@@ -22,7 +22,7 @@ from shmvec.batched_spaces import BatchedSpace
 from shmvec.blocks import reset_payloads, set_attr_payloads
 from shmvec.checks import env_factories, seeds_per_env
 from shmvec.diagnose import Diagnosable
-from shmvec.lifecycle import Lifecycle
+from shmvec.lifecycle import Lifecycle, refuse
 from shmvec.options import Options
 from shmvec.protocol import Command
 from shmvec.results import SharedBuffers
@@ -332,6 +332,10 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
             self._session.state = Lifecycle.CLOSED
             self._session.hooks.close()
             self._finalizer()
+            # Nothing of this env holds the segments any more: they are unmapped now, unless
+            # the caller holds views of them (copy=False, buffers), which stay valid.
+            self._session.release()
+            self._storage = None
 
     def __enter__(self) -> ShmVecEnv:
         return self
@@ -361,6 +365,8 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         """The shared result buffers, as read-only views: for zero-copy consumers
         (``shmvec.torch`` pins them for asynchronous copies to a GPU).
         """
+        if self._session.state is Lifecycle.CLOSED:
+            refuse(Lifecycle.CLOSED, "ShmVecEnv", "buffers", False)
         return self._session.results.buffers
 
     @property
@@ -377,7 +383,12 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
 
     @property
     def episode_returns(self) -> np.ndarray:
-        """Return of each env's last finished episode (0 until one finishes), counted in the workers."""
+        """Return of each env's last finished episode (0 until one finishes), counted in the workers.
+
+        Exact for the envs not in flight; an env whose step ``send`` started is read while its
+        worker may write it, so its return and length may come from different episodes (read
+        them after ``recv``; docs/architecture.md, "Memory ordering").
+        """
         return self._session.pool.views["last_return"].copy()
 
     @property

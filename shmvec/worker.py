@@ -115,11 +115,12 @@ def _set_up(block: int, start: int, env_fns_blob: bytes, conn, options: WorkerOp
     stage, envs = "construct", []
     env_index: int | None = start
     try:
-        from shmvec.registrations import register_missing
+        from shmvec.registrations import quiet_overrides, register_missing
 
         specs, env_fns = cloudpickle.loads(env_fns_blob)
         register_missing(specs)  # the envs registered in the user's main module, under spawn
-        built = build_envs(env_fns, start, block)
+        with quiet_overrides(specs):  # (a package the factories import registers them again)
+            built = build_envs(env_fns, start, block)
         if not isinstance(built, list):
             conn.send(built)  # an env's constructor raised, or the block's envs disagree
             return None
@@ -176,14 +177,14 @@ def _serve(
     every worker at once, on main's line (the broadcast ``GO``): then this worker first wakes
     the workers of ``relay`` (``(block, wake pipe's write end)``, its children in the wake-up
     tree, ``protocol.relay_children``) that sleep; once done, it counts itself on main's line
-    (``count``, ``barrier.counter``: the adds to main's DONE and STATUS words), and the one
-    whose count main named rings it (``protocol.at_count``).
+    (``count``, ``barrier.counter``: the round's tagged count, main's DONE word), and the one
+    whose count main named rings it (``protocol.rings``).
     """
     import time
 
     from shmvec import probes
     from shmvec.barrier import fence
-    from shmvec.sync import block_until, ring, spin_until
+    from shmvec.sync import ring, spin_until
 
     probe = probes.probe  # (None but in tests: see shmvec.probes)
     mine, main_line = lines[block], lines[-1]
@@ -206,13 +207,8 @@ def _serve(
         # The last command's time, from seeing GO to its DONE: counted after DONE, off the
         # caller's wait (diagnose() reads it); a float64 view.
         busy[0] += t0 - t1  # type: ignore[call-overload]
-        if not spin_until(arrived, policy):
-            while True:
-                dead = block_until(arrived, mine, wake_r, watch, timeout=None)
-                if not dead and arrived():
-                    break
-                if dead or os.getppid() != ppid:
-                    return  # the main process died: exit quietly
+        if not spin_until(arrived, policy) and not _sleep_until(arrived, mine, wake_r, watch, ppid):
+            return  # the main process died: exit quietly
         t1 = clock()
         policy.update(t1 - t0)
         if probe:
@@ -228,13 +224,7 @@ def _serve(
             seq, cmd, arg = int(mine[GO]), int(mine[CMD]), int(mine[ARG])
             payload = conn.recv() if mine[PAYLOAD] else None
         status, reply = _execute(envs, cmd, payload, arg, conn, block, pickled_obs)
-        piped = False
-        if status != _OK:
-            size = len(reply)
-            piped = size > len(replies)
-            if not piped:
-                replies[:size] = reply
-            mine[REPLY_LEN] = -1 if piped else size
+        piped = status != _OK and _store_reply(reply, replies, mine)
         mine[STATUS] = status
         if probe:
             probe("worker:ran")
@@ -255,6 +245,30 @@ def _serve(
             conn.send_bytes(reply)
         if cmd == _CLOSE:
             return
+
+
+def _sleep_until(arrived, mine, wake_r: int, watch: list[int], ppid: int) -> bool:
+    """Block until a command ``arrived()``; False if the main process died first."""
+    from shmvec.sync import block_until
+
+    while True:
+        dead = block_until(arrived, mine, wake_r, watch, timeout=None)
+        if not dead and arrived():
+            return True
+        if dead or os.getppid() != ppid:
+            return False
+
+
+def _store_reply(reply, replies: memoryview, mine) -> bool:
+    """Put a pickled ``reply`` in this block's ``replies`` row and its size in ``REPLY_LEN``, or,
+    too large for it, say it follows on the pipe (``REPLY_LEN = -1``); return whether it does.
+    """
+    size = len(reply)
+    piped = size > len(replies)
+    if not piped:
+        replies[:size] = reply
+    mine[REPLY_LEN] = -1 if piped else size
+    return piped
 
 
 def _relay(relayed: list, ring) -> None:

@@ -13,6 +13,7 @@ whose results were read before they were written) or another env's row fails it.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 
@@ -30,13 +31,25 @@ class CountingEnv(gym.Env):
     """Observes ``[index, count]``; rewards ``count``; terminates every ``episode_of(index)``
     steps, with an info then. Action 1 sleeps ``slow_s`` in the step.
 
+    ``hang_rate``: the chance that a step sleeps ``hang_s`` (past a vector env's timeout).
+
     ``deaths``: a file holding how many times this env kills its own process, with SIGKILL, as
     it is built or reset (``"build 2"``, ``"reset 1"``); each death takes one off. The file is
     written by a test once the first envs run, so that only replacements die.
     """
 
-    def __init__(self, index: int, slow_s: float = 0.05, deaths: str | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        slow_s: float = 0.05,
+        deaths: str | None = None,
+        hang_s: float = 0.0,
+        hang_rate: float = 0.0,
+        seed: int = 0,
+    ) -> None:
         self.index, self.slow_s, self.deaths = index, slow_s, deaths
+        self.hang_s, self.hang_rate = hang_s, hang_rate
+        self._rng = random.Random(seed * 1000 + index)
         self.observation_space = gym.spaces.Box(-1.0, 1e9, (2,), np.float64)
         self.action_space = gym.spaces.Discrete(2)
         self.count = 0
@@ -68,6 +81,8 @@ class CountingEnv(gym.Env):
     def step(self, action):
         if action == 1:
             time.sleep(self.slow_s)
+        if self.hang_rate and self._rng.random() < self.hang_rate:
+            time.sleep(self.hang_s)
         self.count += 1
         ended = self.count % episode_of(self.index) == 0
         return self._obs(), float(self.count), ended, False, {"ended_at": self.count} if ended else {}

@@ -44,6 +44,15 @@ def test_a_bad_override_is_refused():
     assert result.returncode != 0 and "SHMVEC_FENCE must be 'lock' or 'compiled'" in result.stderr
 
 
+def test_the_lock_barrier_is_refused_on_a_weakly_ordered_cpu():
+    """``SHMVEC_FENCE=lock`` where the CPU reorders stores (aarch64, played here): refused, not
+    silently a barrier that orders nothing there."""
+    code = "import platform; platform.machine = lambda: 'aarch64'; import shmvec.barrier"
+    env = {**os.environ, "SHMVEC_FENCE": "lock"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert result.returncode != 0 and "SHMVEC_FENCE=lock is not a full barrier on this CPU (aarch64" in result.stderr
+
+
 def test_the_compiled_barrier_runs_the_handoff():
     """The barrier a weakly ordered machine runs, here: a vector env whose processes all use it
     steps and collects bit-identically to Gymnasium's SyncVectorEnv, sync and async.

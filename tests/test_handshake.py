@@ -98,3 +98,28 @@ def test_a_message_the_caller_cannot_read_names_the_env(tmp_path):
     err = info.value
     assert err.phase == "construct, read by the caller" and err.env_index == 0
     assert err.exc_type == "ModuleNotFoundError" and "only_in_workers" in err.remote_message
+
+
+class _HangsAsBuilt(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,))
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, index: int) -> None:
+        if index == 2:
+            import time
+
+            time.sleep(3600)
+
+
+@pytest.mark.parametrize("phase", ["construct"])
+def test_a_handshake_that_never_completes_names_the_worker_and_its_phase(phase, monkeypatch):
+    """Env 2's constructor never returns: with no ``timeout`` the start-up deadline
+    (``joining.START_S``, shortened here) ends it in StepTimeout naming worker 1 and the phase,
+    and nothing is left behind (the autouse check)."""
+    import functools
+
+    from shmvec import joining
+
+    monkeypatch.setattr(joining, "START_S", 2.0)
+    with pytest.raises(shmvec.StepTimeout, match=rf"worker 1 \(envs 2..3\) did not finish within the start-up deadline \({phase}\)"):
+        shmvec.ShmVecEnv([functools.partial(_HangsAsBuilt, i) for i in range(4)], num_workers=2)

@@ -20,7 +20,8 @@ SIDES = {
     "wire": ["protocol", "probes", "layout", "segment", "barrier", "sync", "tree", "blocks", "errors"],
     "worker": ["worker", "stepper", "worker_threads", "snapshot", "info_columns", "registrations"],
     "engine": [
-        "checks", "options", "lifecycle", "processes", "joining", "pool", "session", "results", "infos", "actions",
+        "checks", "options", "lifecycle", "processes", "joining", "posting", "completion", "main_block", "replies", "pool",
+        "session", "results", "infos", "actions",
         "async_batches", "torch_threads", "rollout_storage", "step_hooks", "cpu_counters",
     ],
     "front": ["vector_env", "async_collection", "rollouts", "states", "diagnose", "slow_loop", "batched_spaces", "make_vec"],

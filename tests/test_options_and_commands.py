@@ -58,6 +58,13 @@ def test_bad_options_are_refused_by_name(given, error, words):
         Options.resolve(8, given)
 
 
+def test_more_workers_than_a_broadcast_can_count_are_refused():
+    """A broadcast round counts its workers in 16 bits of main's DONE word (protocol.count_base)."""
+    assert Options.resolve(70_000, {"num_workers": 65_535}).num_workers == 65_535
+    with pytest.raises(ValueError, match="num_workers must be at most 65535"):
+        Options.resolve(70_000, {"num_workers": 65_536})
+
+
 def test_adapters_take_every_option_but_those_they_set():
     passed_on("SubprocVecEnv", {"check_finite": True, "torch_threads": None}, {"copy": "owned arrays"})
     with pytest.raises(TypeError, match="sets 'copy' itself"):

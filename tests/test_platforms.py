@@ -100,3 +100,32 @@ def test_the_default_start_method_is_the_platforms():
         import multiprocessing
 
         assert envs.context == multiprocessing.get_start_method()
+
+
+PACKAGE_SCRIPT = """
+import numpy as np
+import shmvec
+
+if __name__ == "__main__":
+    import registering_pkg  # registers its envs as it is imported, as ale_py does
+
+    envs = shmvec.make("RegPkg/Env3-v0", num_envs=4, num_workers=2, context="{context}")
+    envs.reset(seed=0)
+    envs.step(np.zeros(4, np.int64))
+    envs.close()
+    print("stepped")
+"""
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_a_package_registered_under_the_main_guard_warns_nothing_in_a_spawned_worker(tmp_path, context):
+    """A worker that is not forked gets the main process's registrations (RegPkg/Env0-39), then
+    its factory imports the package, which registers them again: no "Overriding environment"
+    warning is printed for any of them (without the fix: 40 per worker)."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(PACKAGE_SCRIPT.format(context=context)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env=env)  # fmt: skip
+    assert out.returncode == 0 and "stepped" in out.stdout, out.stderr[-3000:]
+    assert out.stderr.count("Overriding environment") == 0, out.stderr[-3000:]

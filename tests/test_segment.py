@@ -36,6 +36,11 @@ def small_layout() -> Layout:
 # --- create / map_fd ----------------------------------------------------------------------------
 
 
+def raw(mapping) -> memoryview:
+    """A mapping's bytes, sliced and assigned as bytes (the mapping is a ctypes byte array)."""
+    return memoryview(mapping).cast("B")
+
+
 @pytest.mark.parametrize("size", [1, 64, 4096, 100_000])
 def test_create_leaves_no_name_behind(size):
     before = own_entries()
@@ -44,9 +49,9 @@ def test_create_leaves_no_name_behind(size):
         assert own_entries() == before
         assert len(mapping) == size
         assert os.fstat(fd).st_size >= size
-        assert mapping[:] == bytes(size)  # a new segment is zero-filled
+        assert raw(mapping).tobytes() == bytes(size)  # a new segment is zero-filled
     finally:
-        mapping.close()
+        del mapping
         os.close(fd)
     assert own_entries() == before
 
@@ -55,11 +60,9 @@ def test_create_gives_distinct_segments():
     fd1, m1 = create(64)
     fd2, m2 = create(64)
     try:
-        m1[:4] = b"abcd"
-        assert m2[:4] == b"\0\0\0\0"
+        raw(m1)[:4] = b"abcd"
+        assert raw(m2)[:4].tobytes() == b"\0\0\0\0"
     finally:
-        for m in (m1, m2):
-            m.close()
         for fd in (fd1, fd2):
             os.close(fd)
 
@@ -69,19 +72,17 @@ def test_map_fd_maps_the_same_memory():
     fd, mine = create(size)
     try:
         other = map_fd(os.dup(fd), size)
-        mine[:5] = b"hello"
-        mine[size - 3:] = b"end"
-        assert other[:5] == b"hello"
-        assert other[size - 3:] == b"end"
-        other[100:103] = b"abc"
-        assert mine[100:103] == b"abc"
-        other.close()
+        raw(mine)[:5] = b"hello"
+        raw(mine)[size - 3 :] = b"end"
+        assert raw(other)[:5].tobytes() == b"hello"
+        assert raw(other)[size - 3 :].tobytes() == b"end"
+        raw(other)[100:103] = b"abc"
+        assert raw(mine)[100:103].tobytes() == b"abc"
+        del other  # unmapped: the last view of it is gone
         # the memory lives on through the descriptor: a third mapping still sees it
         third = map_fd(os.dup(fd), size)
-        assert third[:5] == b"hello"
-        third.close()
+        assert raw(third)[:5].tobytes() == b"hello"
     finally:
-        mine.close()
         os.close(fd)
 
 
@@ -90,12 +91,33 @@ def test_memory_outlives_the_descriptor():
     fd, mine = create(size)
     other = map_fd(os.dup(fd), size)
     os.close(fd)
-    mine[:3] = b"xyz"
-    assert other[:3] == b"xyz"
-    mine.close()
-    other[3:6] = b"uvw"
-    assert other[:6] == b"xyzuvw"
-    other.close()
+    raw(mine)[:3] = b"xyz"
+    assert raw(other)[:3].tobytes() == b"xyz"
+    del mine
+    raw(other)[3:6] = b"uvw"
+    assert raw(other)[:6].tobytes() == b"xyzuvw"
+
+
+def test_a_mapping_holds_no_descriptor_and_is_unmapped_with_its_last_view():
+    """mmap.mmap kept a duplicate descriptor per mapping (until Python 3.13): this one keeps
+    none, and its pages go when the last view of them does."""
+    fds = len(os.listdir("/proc/self/fd"))
+    fd, mine = create(4096)
+    os.close(fd)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    view = np.frombuffer(mine, dtype=np.uint8)
+    address = view.ctypes.data
+    del mine
+    view[:2] = 7  # still mapped: the view holds it
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as f:
+            return any(int(line.split("-")[0], 16) <= address < int(line.split()[0].split("-")[1], 16)
+                       for line in f if PREFIX in line)  # fmt: skip
+
+    assert mapped()
+    del view
+    assert not mapped()
 
 
 def test_map_fd_closes_the_descriptor():
@@ -105,9 +127,8 @@ def test_map_fd_closes_the_descriptor():
         mapping = map_fd(dup, 64)
         assert not is_open(dup)
         assert is_open(fd)  # only the one handed over
-        mapping.close()
+        del mapping
     finally:
-        mine.close()
         os.close(fd)
 
 
@@ -209,3 +230,58 @@ def test_child_process_shares_the_segment():
             proc.join(5.0)
         parent_conn.close()
         seg.close()
+
+
+def _mapped_segments() -> int:
+    """How many of shmvec's segments this process maps (their names, deleted, in its maps)."""
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if f"/{PREFIX}" in line)
+
+
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc (Linux)")
+def test_close_releases_every_descriptor_and_mapping_without_the_collector():
+    """Thirty build-step-rollout-close cycles, with the cyclic garbage collector off: after each
+    close(), with the env still referenced, this process holds no more descriptors than before
+    and maps none of its segments (the main one, the rollout's, the info columns'); a view
+    handed out with copy=False keeps its segment mapped, and valid, until it goes."""
+    import gc
+
+    from envs_for_tests import NestedEnv
+
+    import shmvec
+    from shmvec.envs import SyntheticEnv
+
+    def frames():
+        return SyntheticEnv(obs_shape=(84, 84, 4), obs_dtype="uint8", step_us=0.0, reset_us=0.0, episode_steps=7)
+
+    import gymnasium as gym
+
+    envs = shmvec.ShmVecEnv([lambda: gym.make("CartPole-v1")] * 2, num_workers=1)  # (one-time set-up: the
+    envs.close()  # resource tracker's pipe, compiled barrier) before the counts are taken
+    gc.collect()
+    gc.disable()
+    try:
+        fds = _descriptors()
+        assert _mapped_segments() == 0
+        for i in range(30):
+            kind = [frames, NestedEnv][i % 2]  # (NestedEnv's scalar infos get their segment of columns)
+            envs = shmvec.ShmVecEnv([kind] * 8, num_workers=2)
+            envs.reset(seed=i)
+            envs.step(envs.action_space.sample())
+            envs.rollout(lambda obs: envs.action_space.sample(), num_steps=3)
+            envs.close()
+            assert (_descriptors(), _mapped_segments()) == (fds, 0), f"cycle {i}"
+        envs = shmvec.ShmVecEnv([frames] * 4, num_workers=2, copy=False)
+        obs, _ = envs.reset(seed=0)
+        kept = np.array(obs)
+        envs.close()
+        assert _mapped_segments() == 1 and _descriptors() == fds  # the view's segment: memory, no descriptor
+        assert (obs == kept).all()
+        del obs
+        assert _mapped_segments() == 0
+    finally:
+        gc.enable()

@@ -178,7 +178,7 @@ def test_fixed_spaces_send_nothing_per_step_and_variable_ones_one_reply_per_work
         envs.reset(seed=0)
         envs.step(np.zeros(4, dtype=np.int64))
         pool = envs._session.pool
-        assert pool._pickled_act == [] and not pool._pickled_obs
+        assert pool.replies.pickled_act == [] and not pool.replies.pickled_obs
         assert [pool.lines[w][STATUS] for w in range(2)] == [Status.OK, Status.OK]
         main_line = pool.lines[-1]  # the step was a broadcast: one command on main's line, no payload
         assert main_line[GO] == pool.seq and main_line[CMD] == Command.STEP and main_line[STATUS] == 0

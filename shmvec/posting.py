@@ -1,0 +1,163 @@
+"""Posting a round: its command words, ``GO`` and the wake-ups, on the blocks' control lines or,
+for every worker at once, on main's (a broadcast); and its payloads on the workers' pipes.
+
+The words are published as ``docs/architecture.md`` ("Memory ordering": [GO], [SLEEP],
+[RELAY]) argues; a Ctrl-C while a round is posted leaves exactly the blocks whose ``GO`` was
+stored running it (:meth:`Posting.posted`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from shmvec import probes
+from shmvec import protocol as P
+from shmvec.barrier import fence
+from shmvec.errors import PayloadError
+from shmvec.processes import WorkerProcesses
+from shmvec.protocol import DONE, count_base
+from shmvec.sync import ring
+
+__all__ = ["Posting", "pickle_payloads", "sigint_held"]
+
+
+def pickle_payloads(payloads: list, block_ids: list[int]) -> dict[int, bytes]:
+    """The worker blocks' payloads, pickled before any worker is told that one is coming: a payload
+    that cannot be pickled then fails with every worker still idle, instead of leaving them
+    waiting for it. A payload shared by several blocks (a ``call``'s arguments) is pickled once.
+    """
+    from multiprocessing.reduction import ForkingPickler
+
+    blobs: dict[int, bytes] = {}
+    done: dict[int, bytes] = {}
+    for block in block_ids:
+        payload = payloads[block]
+        if payload is not None:
+            blob = done.get(id(payload))
+            if blob is None:
+                try:
+                    blob = done[id(payload)] = bytes(ForkingPickler.dumps(payload))
+                except Exception as exc:
+                    raise PayloadError(
+                        f"the arguments for block {block} cannot be pickled: {type(exc).__name__}: {exc}"
+                    ) from exc
+            blobs[block] = blob
+    return blobs
+
+
+@contextmanager
+def sigint_held() -> Iterator[None]:
+    """Hold a Ctrl-C back for the block inside: it arrives as the block ends, as it would have.
+
+    The handler is swapped, not the signal blocked: a thread of another library (torch's, a
+    user's) would take a blocked signal, and CPython raises it in the main thread all the same.
+    Only the main thread sees KeyboardInterrupt, so elsewhere there is nothing to hold.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            if callable(previous):
+                previous(signal.SIGINT, None)  # (Python's default handler raises KeyboardInterrupt)
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+class Posting:
+    """How main posts rounds to its worker blocks (``lines``: their control lines, then main's)."""
+
+    def __init__(self, lines: list[memoryview], workers: WorkerProcesses, num_workers: int) -> None:
+        self.lines, self.main_line, self.workers = lines, lines[-1], workers
+        self.num_workers = num_workers
+        self.roots = P.relay_children(None, num_workers)  # the workers main wakes in a broadcast round
+        self.broadcast = False  # the last round posted was a broadcast
+
+    def post(
+        self,
+        cmd: int,
+        arg: int,
+        seq: int,
+        block_ids: list[int],
+        payloads: list | None,
+        blobs: dict[int, bytes] | None,
+        fd: int | None,
+    ) -> None:
+        """Post round ``seq``: ``cmd`` with ``arg`` to the worker blocks ``block_ids``, each with
+        its pickled payload in ``blobs`` (and ``fd`` after it): as a broadcast where it is one
+        command, with no payload, for every worker.
+        """
+        if payloads is None and fd is None and len(block_ids) == self.num_workers:
+            self._broadcast(cmd, arg, seq)
+        elif blobs is None:
+            self._per_block(cmd, arg, seq, block_ids, payloads)
+        else:
+            # A GO and its payload go together: a Ctrl-C between them would leave the worker
+            # waiting for a payload never sent (SIGINT is held until both are out).
+            with sigint_held():
+                self._per_block(cmd, arg, seq, block_ids, payloads)
+                probe = probes.probe
+                for block in block_ids:
+                    if block in blobs:
+                        self.workers.send(block, blobs[block], fd)
+                        if probe:
+                            probe("main:sent")
+
+    def posted(self, block: int, seq: int) -> bool:
+        """Whether worker ``block`` was told of round ``seq`` (its GO, or the broadcast's, stored)."""
+        return (self.broadcast and self.main_line[P.GO] == seq) or self.lines[block][P.GO] == seq
+
+    def _broadcast(self, cmd: int, arg: int, seq: int) -> None:
+        """Post ``cmd`` to every worker at once, on main's line, with at most ``protocol.ROOTS``
+        wake-ups (the tree's roots; the workers relay the others, ``protocol.relay_children``).
+        """
+        main_line = self.main_line
+        main_line[P.CMD] = cmd
+        main_line[P.ARG] = arg
+        # The round's count, tagged with it: a late worker of an earlier round cannot count here.
+        main_line[DONE] = count_base(seq)
+        self.broadcast = True
+        probe = probes.probe
+        if probe:
+            probe("main:post")
+        fence()  # ordering [GO]: the actions, the command words and the count before the broadcast GO
+        main_line[P.GO] = seq
+        if probe:
+            probe("main:posted")
+        fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
+        lines, wake_fds = self.lines, self.workers.wake_fds
+        for block in self.roots:
+            if lines[block][P.SLEEPING]:
+                ring(wake_fds[block])
+
+    def _per_block(self, cmd: int, arg: int, seq: int, block_ids: list[int], payloads: list | None) -> None:
+        """Post ``cmd`` on the lines of ``block_ids``, and wake those that sleep."""
+        self.broadcast = False
+        lines = self.lines
+        for block in block_ids:
+            line = lines[block]
+            line[P.CMD] = cmd
+            line[P.ARG] = arg
+            line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
+        probe = probes.probe
+        if probe:
+            probe("main:post")
+        fence()  # ordering [GO]: the actions and the command words before GO
+        for block in block_ids:
+            lines[block][P.GO] = seq
+            if probe:
+                probe("main:posted")
+        fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
+        wake_fds = self.workers.wake_fds
+        for block in block_ids:
+            if lines[block][P.SLEEPING]:
+                ring(wake_fds[block])
