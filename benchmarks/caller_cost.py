@@ -175,16 +175,22 @@ def instructions(workers: int, obs: str, rounds: int) -> float:
     """
 
     def run(n: int) -> int:
-        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-               sys.executable, __file__, "--child", str(workers), obs, str(n)]  # fmt: skip
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        first = _FIRST.search(out.stderr)
-        found = {pid: int(n) for pid, n in _COUNT.findall(out.stderr)}
-        if out.returncode != 0 or first is None or first.group(1) not in found:
-            raise RuntimeError(f"callgrind run failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
-        return found[first.group(1)]
+        return callers_count([sys.executable, __file__, "--child", str(workers), obs, str(n)])
 
     return (run(1 + rounds) - run(1)) / rounds
+
+
+def callers_count(argv: list[str], env: dict[str, str] | None = None) -> int:
+    """The instructions of the process ``argv`` starts, under callgrind, its children left out
+    (they report their own counts: the caller's is the one of the first pid).
+    """
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    first = _FIRST.search(out.stderr)
+    found = {pid: int(n) for pid, n in _COUNT.findall(out.stderr)}
+    if out.returncode != 0 or first is None or first.group(1) not in found:
+        raise RuntimeError(f"callgrind run failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
+    return found[first.group(1)]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

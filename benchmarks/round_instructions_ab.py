@@ -22,17 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from caller_cost import callers_count  # (this folder is on the path when run as a script)
+
 HERE = Path(__file__).resolve()
 ROOT = HERE.parents[1]
 WARMUP = 100
-_COUNT = re.compile(r"==(\d+)== Collected\s*:\s*(\d+)")
-_FIRST = re.compile(r"==(\d+)==")
 KINDS = ("step", "send/recv")
 
 
@@ -66,24 +65,18 @@ def child(kind: str, rounds: int) -> None:
 
 def count(tree: Path, kind: str, rounds: int) -> float:
     """The caller's instructions per round of ``kind`` in the checkout at ``tree``."""
+    # (a fixed hash seed: randomized hashing moves the start-up's count by millions)
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
 
     def run(n: int) -> int:
-        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-               sys.executable, str(HERE), "--child", kind, str(n)]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": str(tree)}
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        first = _FIRST.search(out.stderr)
-        found = {pid: int(c) for pid, c in _COUNT.findall(out.stderr)}
-        if out.returncode != 0 or first is None or first.group(1) not in found:
-            raise RuntimeError(f"callgrind run failed (exit {out.returncode}):\n{out.stderr[-2000:]}")
-        return found[first.group(1)]
+        return callers_count([sys.executable, str(HERE), "--child", kind, str(n)], env)
 
     return (run(1 + rounds) - run(1)) / rounds
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True, help="the other checkout (its root directory)")
+    parser.add_argument("--base", help="the other checkout (its root directory)")
     parser.add_argument("--rounds", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the figures here")
@@ -92,6 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.child:
         child(args.child[0], int(args.child[1]))
         return {}
+    if not args.base:
+        parser.error("--base is required")
     trees = {"base": Path(args.base).resolve(), "this": ROOT}
     counts: dict[str, dict[str, list[float]]] = {kind: {"base": [], "this": []} for kind in KINDS}
     for _ in range(args.repeats):

@@ -115,7 +115,7 @@ class WorkerPool:
         self.posting: Posting  # how rounds are posted, and
         self.completion: Completion  # how their ends are known (see _lay_out)
 
-        prepare_barrier()  # (the workers' atomic add, compiled once here: forked workers inherit it)
+        prepare_barrier()  # (the workers' count, compiled once here: forked workers inherit it)
         self.joining = Joining(
             env_fns, self.blocks, self.main_index, options.for_worker(worker_spin), options.context, self.timeout
         )
