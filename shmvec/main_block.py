@@ -18,7 +18,7 @@ class MainBlock:
     """The calling process's block.
 
     ``WorkerPool.submit`` parks a command here, ``WorkerPool.wait`` runs it (in this process,
-    while the workers step theirs), ``WorkerPool.collect`` takes its result: the same path for
+    while the workers step theirs), ``Replies.collect`` takes its result: the same path for
     synchronous and asynchronous rounds.
     """
 

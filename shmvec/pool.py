@@ -6,7 +6,7 @@ With ``step_in_main`` (an opt-in speed mode) one more block, the last, is steppe
 calling process itself while the workers step theirs, so on an N-core machine N blocks run at
 once and no core idles in a wait. Either way a command takes one path: :meth:`~WorkerPool.submit`
 starts it, :meth:`~WorkerPool.wait` runs the calling process's block (if it has one) and waits
-for the workers, :meth:`~WorkerPool.collect` takes statuses and replies.
+for the workers, and :class:`~shmvec.replies.Replies` collects statuses and replies.
 
 How each block joins the pool, at start-up and on a restart, is :mod:`shmvec.joining`'s; the
 pool lays out the segment from the spaces the blocks report. It knows nothing of the
@@ -252,7 +252,7 @@ class WorkerPool:
         Asynchronous rounds leave the blocks IN_FLIGHT until :meth:`receive` takes their
         results; :meth:`run` submits with IDLE, as it collects them itself. Worker blocks start
         and run on their own. The main block, if listed, is parked for :meth:`wait` to run, and
-        its result for :meth:`collect` to take.
+        its result for the collection (``Replies.collect``) to take.
         """
         if self.state is not PoolState.OPEN:
             raise ClosedError(
@@ -329,7 +329,8 @@ class WorkerPool:
             target = self._target
             flying = sorted(sorted(flying, key=lambda b: (target[b], b))[:count])
         failures = self.wait(flying, count, self.timeout)
-        ready = self._finished(flying)  # in block order
+        # (in block order; the default, no main block, asks the one per-block test directly)
+        ready = self.completion.done_of(flying) if self.main is None else self._finished(flying)
         fence()  # ordering [DONE]: this scan may see blocks the wait did not (finished since)
         if failures:
             ready = sorted(set(ready) | set(failures))
@@ -337,7 +338,7 @@ class WorkerPool:
             target = self._target
             ready = sorted(sorted(ready, key=lambda b: (b not in failures, target[b]))[:count])
         failures = {b: e for b, e in failures.items() if b in ready}
-        replies, failed = self.collect([b for b in ready if b not in failures], self.timeout)
+        replies, failed = self.replies.collect([b for b in ready if b not in failures], self.timeout, self.main)
         failures.update(failed)
         idle = BlockState.IDLE
         for block in ready:
@@ -392,13 +393,6 @@ class WorkerPool:
             self.completion.check_late(block_ids, failures, time.perf_counter(), self.timeout)
         return failures
 
-    def collect(self, block_ids: list[int], timeout: float | None) -> tuple[dict[int, Any], Failures]:
-        """Statuses and replies of finished blocks: ``({block: reply}, {block: failure})``.
-
-        Only blocks whose status says a reply follows appear in the first dict.
-        """
-        return self.replies.collect(block_ids, timeout, self.main)
-
     def run(
         self,
         cmd: int,
@@ -434,7 +428,7 @@ class WorkerPool:
             ids = [b for b in ids if b not in failures]
         elif self.completion.counted and not_ok(self.main_line[DONE]) == 0:  # a broadcast round no worker replied to
             ids = [] if self.main is None or self.main.index not in ids else [self.main.index]
-        got, failed = self.collect(ids, timeout)
+        got, failed = self.replies.collect(ids, timeout, self.main)
         failures.update(failed)
         replies: list[Any] = [None] * len(self.blocks)
         for block, reply in got.items():

@@ -94,23 +94,45 @@ class Posting:
     ) -> None:
         """Post round ``seq``: ``cmd`` with ``arg`` to the worker blocks ``block_ids``, each with
         its pickled payload in ``blobs`` (and ``fd`` after it): as a broadcast where it is one
-        command, with no payload, for every worker.
+        command, with no payload, for every worker; otherwise on each block's line, waking
+        those that sleep.
         """
-        if payloads is None and fd is None and len(block_ids) == self.num_workers:
-            self._broadcast(cmd, arg, seq)
-        elif blobs is None:
-            self._per_block(cmd, arg, seq, block_ids, payloads)
-        else:
+        if blobs:
             # A GO and its payload go together: a Ctrl-C between them would leave the worker
             # waiting for a payload never sent (SIGINT is held until both are out).
             with sigint_held():
-                self._per_block(cmd, arg, seq, block_ids, payloads)
+                self.post(cmd, arg, seq, block_ids, payloads, None, None)
                 probe = probes.probe
                 for block in block_ids:
                     if block in blobs:
                         self.workers.send(block, blobs[block], fd)
                         if probe:
                             probe("main:sent")
+            return
+        if payloads is None and fd is None and len(block_ids) == self.num_workers:
+            self._broadcast(cmd, arg, seq)
+            return
+        # Per block (inline: the asynchronous round is the usual caller of this path)
+        self.broadcast = False
+        lines = self.lines
+        for block in block_ids:
+            line = lines[block]
+            line[P.CMD] = cmd
+            line[P.ARG] = arg
+            line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
+        probe = probes.probe
+        if probe:
+            probe("main:post")
+        fence()  # ordering [GO]: the actions and the command words before GO
+        for block in block_ids:
+            lines[block][P.GO] = seq
+            if probe:
+                probe("main:posted")
+        fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
+        wake_fds = self.workers.wake_fds
+        for block in block_ids:
+            if lines[block][P.SLEEPING]:
+                ring(wake_fds[block])
 
     def posted(self, block: int, seq: int) -> bool:
         """Whether worker ``block`` was told of round ``seq`` (its GO, or the broadcast's, stored)."""
@@ -136,28 +158,5 @@ class Posting:
         fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
         lines, wake_fds = self.lines, self.workers.wake_fds
         for block in self.roots:
-            if lines[block][P.SLEEPING]:
-                ring(wake_fds[block])
-
-    def _per_block(self, cmd: int, arg: int, seq: int, block_ids: list[int], payloads: list | None) -> None:
-        """Post ``cmd`` on the lines of ``block_ids``, and wake those that sleep."""
-        self.broadcast = False
-        lines = self.lines
-        for block in block_ids:
-            line = lines[block]
-            line[P.CMD] = cmd
-            line[P.ARG] = arg
-            line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
-        probe = probes.probe
-        if probe:
-            probe("main:post")
-        fence()  # ordering [GO]: the actions and the command words before GO
-        for block in block_ids:
-            lines[block][P.GO] = seq
-            if probe:
-                probe("main:posted")
-        fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
-        wake_fds = self.workers.wake_fds
-        for block in block_ids:
             if lines[block][P.SLEEPING]:
                 ring(wake_fds[block])
