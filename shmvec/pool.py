@@ -30,9 +30,8 @@ from shmvec.blocks import split
 from shmvec.checks import usable_cores
 from shmvec.completion import Completion, Failures
 from shmvec.errors import ClosedError, WorkerError
-from shmvec.info_columns import InfoLayout, InfoSchema
 from shmvec.joining import Joining, Segments
-from shmvec.layout import Layout, RolloutLayout, control_lines
+from shmvec.layout import Layout, control_lines
 from shmvec.main_block import MainBlock
 from shmvec.options import Options
 from shmvec.posting import Posting, pickle_payloads, sigint_held
@@ -192,21 +191,6 @@ class WorkerPool:
         if main is not None and stepper is not None:
             main.stepper = stepper
 
-    def attach_rollout(self, num_steps: int, lost_later: bool = False) -> Segment:
-        """Create the rollout segment for ``num_steps`` steps and hand it to every block.
-
-        A previous rollout segment is dropped (views of it stay valid while they live). Raises
-        what the round raised if a block fails to map it (the pool is then broken);
-        ``lost_later``: see :meth:`attach`.
-        """
-        return self.attach(Command.ROLLOUT_ATTACH, Segment(RolloutLayout.build(self.layout, num_steps)), lost_later)
-
-    def attach_infos(self, schema: InfoSchema, lost_later: bool = False) -> Segment:
-        """Create the segment of the scalar infos of ``schema`` and hand it to every block; raise
-        like :meth:`attach_rollout`.
-        """
-        return self.attach(Command.INFO_ATTACH, Segment(InfoLayout.build(schema, self.num_envs)), lost_later)
-
     def attach(self, cmd: Command, segment: Segment, lost_later: bool = False) -> Segment:
         """Hand ``segment`` to every block with ``cmd`` (a command whose payload is a segment's
         layout, see ``Command.descriptor``), in place of the one ``cmd`` attached before; a
@@ -329,8 +313,11 @@ class WorkerPool:
             target = self._target
             flying = sorted(sorted(flying, key=lambda b: (target[b], b))[:count])
         failures = self.wait(flying, count, self.timeout)
-        # (in block order; the default, no main block, asks the one per-block test directly)
-        ready = self.completion.done_of(flying) if self.main is None else self._finished(flying)
+        main = self.main  # the blocks finished, in block order (the main block's is the highest index)
+        if main is None or main.index not in flying:
+            ready = self.completion.done_of(flying)
+        else:
+            ready = self.completion.done_of(flying[:-1]) + ([main.index] if main.result is not None else [])
         fence()  # ordering [DONE]: this scan may see blocks the wait did not (finished since)
         if failures:
             ready = sorted(set(ready) | set(failures))
@@ -338,20 +325,12 @@ class WorkerPool:
             target = self._target
             ready = sorted(sorted(ready, key=lambda b: (b not in failures, target[b]))[:count])
         failures = {b: e for b, e in failures.items() if b in ready}
-        replies, failed = self.replies.collect([b for b in ready if b not in failures], self.timeout, self.main)
+        replies, failed = self.replies.collect([b for b in ready if b not in failures], self.timeout, main)
         failures.update(failed)
         idle = BlockState.IDLE
         for block in ready:
             states[block] = idle
         return ready, replies, failures
-
-    def _finished(self, block_ids: list[int]) -> list[int]:
-        """The blocks of ``block_ids`` that finished their command (in their order)."""
-        main = self.main
-        if main is None or main.index not in block_ids:
-            return self.completion.done_of(block_ids)
-        done = set(self.completion.done_of([b for b in block_ids if b != main.index]))
-        return [b for b in block_ids if b in done or (b == main.index and main.result is not None)]
 
     def wait(
         self, block_ids: list[int], count: int, timeout: float | None, on_done: Callable[[int], None] | None = None

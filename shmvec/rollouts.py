@@ -101,10 +101,7 @@ class Rollouts:
             self.autoreset_mode,
         )
         session.drain()  # what send() started finishes before row 0 is taken
-        segment = session.pool.attached.get(Command.ROLLOUT_ATTACH)
-        if segment is None or segment.layout.num_steps != num_steps:
-            with session.closing:
-                segment = session.pool.attach_rollout(num_steps, session.options.on_error == "restart")
+        segment = session.rollout_segment(num_steps)
         storage = self._storage
         # The storage is always over the segment the blocks hold (a Ctrl-C between the attach
         # round and the line below would otherwise leave the old storage beside the new segment).

@@ -22,14 +22,16 @@ from gymnasium.vector import AutoresetMode
 from shmvec.actions import ActionBatch
 from shmvec.async_batches import Batch, Batches
 from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerDied, WorkerError
-from shmvec.info_columns import ColumnReader, InfoSchema
+from shmvec.info_columns import ColumnReader, InfoLayout, InfoSchema
 from shmvec.infos import InfoMerger
 from shmvec.lifecycle import Lifecycle, refuse
 from shmvec.options import Options
 from shmvec.pool import BlockState, Failures, PoolState, WorkerPool
 from shmvec.protocol import Command, Restart
 from shmvec.protocol import restart as restart_of
+from shmvec.layout import RolloutLayout
 from shmvec.results import CopyOut, Results
+from shmvec.segment import Segment
 from shmvec.step_hooks import StepHooks
 from shmvec.stepper import Targets
 
@@ -376,6 +378,19 @@ class Session:
         for view, a in zip(views, checked):
             view[index] = a
 
+    def rollout_segment(self, num_steps: int) -> Segment:
+        """The rollout segment of ``num_steps`` steps every block holds: the one attached, or a
+        new one handed to every block in place of it (views of the old one stay valid while
+        they live). A block that fails to map it leaves the vector env closed.
+        """
+        pool = self.pool
+        segment = pool.attached.get(Command.ROLLOUT_ATTACH)
+        if segment is None or segment.layout.num_steps != num_steps:
+            with self.closing:
+                layout = RolloutLayout.build(pool.layout, num_steps)
+                segment = pool.attach(Command.ROLLOUT_ATTACH, Segment(layout), self.options.on_error == "restart")
+        return segment
+
     def _columns_for(self, infos: dict[str, Any]) -> None:
         """Once, after the first step that reports infos: give its scalar keys shared columns
         (:mod:`shmvec.info_columns`), so that the workers stop pickling them.
@@ -384,7 +399,8 @@ class Session:
         schema = InfoSchema.discover(infos)
         if schema is not None:
             with self.closing:  # a block that cannot map the segment leaves the pool broken
-                segment = self.pool.attach_infos(schema, self.options.on_error == "restart")
+                layout = InfoLayout.build(schema, self.pool.num_envs)
+                segment = self.pool.attach(Command.INFO_ATTACH, Segment(layout), self.options.on_error == "restart")
             self.infos.columns = ColumnReader(segment.layout, segment.views)
 
 
