@@ -24,12 +24,12 @@ from shmvec.async_batches import Batch, Batches
 from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerDied, WorkerError
 from shmvec.info_columns import ColumnReader, InfoLayout, InfoSchema
 from shmvec.infos import InfoMerger
+from shmvec.layout import RolloutLayout
 from shmvec.lifecycle import Lifecycle, refuse
 from shmvec.options import Options
 from shmvec.pool import BlockState, Failures, PoolState, WorkerPool
 from shmvec.protocol import Command, Restart
 from shmvec.protocol import restart as restart_of
-from shmvec.layout import RolloutLayout
 from shmvec.results import CopyOut, Results
 from shmvec.segment import Segment
 from shmvec.step_hooks import StepHooks
