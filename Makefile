@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: stress test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-macos-profile bench-caller-cost
+.PHONY: stress test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-py313 test-py314 test-pythons test-macos-profile bench-caller-cost
 
 venv: $(STAMP)
 
@@ -110,10 +110,19 @@ bench-gpu: $(BENCH_STAMP)
 bench-instructions: $(STAMP)
 	$(PY) benchmarks/instructions.py --num-envs 8,32,128 --json results/instructions.json
 
-# The core suite under an aarch64 Python (QEMU user-mode emulation in a Debian arm64 chroot; needs
-# root or sudo, builds itself once under .arm64/): see tests/arm64/README.md.
+# The core suite under other Pythons, each in a Debian root filesystem that builds itself once under
+# .chroots/ (needs root or sudo): aarch64 Python 3.11 through QEMU user-mode emulation, and Debian's
+# native Python 3.13 and 3.14 (forkserver by default); see tests/chroot/README.md.
 test-arm64:
-	bash tests/arm64/run.sh
+	bash tests/chroot/run.sh arm64
+
+test-py313:
+	bash tests/chroot/run.sh py313
+
+test-py314:
+	bash tests/chroot/run.sh py314
+
+test-pythons: test-py313 test-py314
 
 # The calling process's CPU, instructions and wall time per synchronous round, 1..64 workers
 # (do-nothing envs; needs valgrind for the instructions): docs/benchmarks.md, "Many cores".

@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
-# Runs shmvec's core test suite under an aarch64 (ARM64) Python 3.11 on an x86-64 Linux machine,
-# through QEMU user-mode emulation (binfmt_misc) in a Debian bookworm arm64 chroot.
+# Runs shmvec's core test suite under a Python other than the host's, in a Debian root filesystem
+# entered with chroot:
 #
-#   bash tests/arm64/run.sh                  # the core suite (make test-arm64)
-#   bash tests/arm64/run.sh -k gae -x        # extra arguments go to pytest, after the core files
-#   bash tests/arm64/run.sh tests/test_gae.py::test_kernels_are_cached_on_disk
-#                                            # a first argument under tests/ replaces the core files
+#   bash tests/chroot/run.sh arm64           # aarch64 Python 3.11 (bookworm), QEMU user-mode emulation
+#   bash tests/chroot/run.sh py313           # Python 3.13 (trixie), native
+#   bash tests/chroot/run.sh py314           # Python 3.14 (sid), native: its start method is forkserver
+#   bash tests/chroot/run.sh py314 -k gae -x # extra arguments go to pytest, after the core files
+#   bash tests/chroot/run.sh arm64 tests/test_gae.py::test_kernels_are_cached_on_disk
+#                                            # an argument under tests/ replaces the core files
+#
+# (make test-arm64, make test-py313, make test-py314; make test-pythons runs the last two.)
+# Python 3.12 is in no Debian release (bookworm has 3.11, trixie 3.13, sid 3.14): no target claims it.
 #
 # Everything installs itself on a fresh Debian/Ubuntu machine (needs root, or sudo) and is built once
-# under .arm64/ at the repository root (git-ignored): the apt packages (qemu-user-static, debootstrap,
-# binfmt-support), the arm64 root filesystem, the aarch64 wheels of tests/arm64/requirements.txt and
-# a venv inside the root filesystem. A second run reuses all of it; editing requirements.txt
-# re-downloads the wheels and rebuilds the venv. `rm -rf .arm64` starts over.
+# per target under .chroots/<target>/ at the repository root (git-ignored): the apt packages
+# (debootstrap; for arm64 qemu-user-static and binfmt-support), the root filesystem, the target's
+# wheels of tests/chroot/requirements.txt (downloaded on the host: pip inside the root is not
+# trusted with TLS) and a venv inside the root. A second run reuses all of it; editing
+# requirements.txt re-downloads the wheels and rebuilds the venv. `rm -rf .chroots/<target>` starts over.
 #
 # Each run copies the current working tree (tracked and untracked, not ignored, files) into the
 # chroot's /src, so the tests never write into the checkout, and exits with pytest's status.
 #
-# Environment: ARM64_BUILD_DIR (default <repo>/.arm64), ARM64_MIRROR (default: the Debian mirror
-# apt is configured with), ARM64_SUITE (default bookworm: its python3 is 3.11).
+# Environment: CHROOT_BUILD_DIR (default <repo>/.chroots/<target>), CHROOT_MIRROR (default: the
+# Debian mirror apt is configured with).
 set -euo pipefail
 
 if [[ ${EUID:-$(id -u)} -ne 0 ]]; then
@@ -28,14 +34,35 @@ if [[ ${EUID:-$(id -u)} -ne 0 ]]; then
     exit 2
 fi
 
+TARGET=${1:-}
+shift || true
+HOST_ARCH=$(dpkg --print-architecture 2>/dev/null || uname -m)
+case $HOST_ARCH in x86_64) HOST_ARCH=amd64 ;; aarch64) HOST_ARCH=arm64 ;; esac
+# Each target: its Debian architecture and suite, the Python packages and executable in it, the
+# Python version its wheels are for, and whether it runs emulated.
+case $TARGET in
+    arm64) ARCH=arm64 SUITE=bookworm PY=python3 PYPKGS=python3,python3-venv PYVER=3.11 ;;
+    py313) ARCH=$HOST_ARCH SUITE=trixie PY=python3.13 PYPKGS=python3.13,python3.13-venv PYVER=3.13 ;;
+    py314) ARCH=$HOST_ARCH SUITE=sid PY=python3.14 PYPKGS=python3.14,python3.14-venv PYVER=3.14 ;;
+    *)
+        echo "usage: run.sh arm64|py313|py314 [pytest arguments]" >&2
+        exit 2
+        ;;
+esac
+EMULATED=0
+[[ $ARCH != "$HOST_ARCH" ]] && EMULATED=1
+case $ARCH in
+    amd64) WHEEL_PLATFORMS=(manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 linux_x86_64) MACHINE=x86_64 ;;
+    arm64) WHEEL_PLATFORMS=(manylinux_2_28_aarch64 manylinux_2_17_aarch64 manylinux2014_aarch64 linux_aarch64) MACHINE=aarch64 ;;
+esac
+
 START=$SECONDS
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-BUILD=${ARM64_BUILD_DIR:-$REPO/.arm64}
+BUILD=${CHROOT_BUILD_DIR:-$REPO/.chroots/$TARGET}
 ROOTFS=$BUILD/rootfs
 WHEELS=$BUILD/wheels
 REQ=$HERE/requirements.txt
-SUITE=${ARM64_SUITE:-bookworm}
 VENV=/opt/venv               # inside the root filesystem
 REQ_HASH=$(sha256sum "$REQ" | cut -d' ' -f1)
 
@@ -52,8 +79,8 @@ CORE_TESTS=(
 #   is a ~100 MB+ wheel whose import alone takes minutes under emulation, and the SB3 adapter has no
 #   aarch64-specific code (the "make" and "baselines" cases of the same tests drive the same
 #   ShmVecEnv). Without torch they would only be skipped by pytest.importorskip.
-# - the "memory" fault of test_faults' death suite (3 start methods x raise/restart): an emulation
-#   limit, not a shmvec bug, and unsafe to run here. FaultyEnv("memory") caps its worker's address
+# - under emulation only, the "memory" fault of test_faults' death suite (3 start methods x
+#   raise/restart): an emulation limit, not a shmvec bug, and unsafe to run here. FaultyEnv("memory") caps its worker's address
 #   space with setrlimit(RLIMIT_AS) and then allocates without bound, expecting a MemoryError after
 #   4 x 32 MiB. QEMU user mode accepts setrlimit(RLIMIT_AS/RLIMIT_DATA/RLIMIT_STACK) but does not
 #   apply it (it would bind QEMU's own allocations; getrlimit then reads unlimited), so the worker
@@ -65,6 +92,8 @@ DESELECT=(
     "tests/test_faults.py::test_deaths_through_every_entry_point[sb3-segfault-raise]"
     "tests/test_faults.py::test_deaths_through_every_entry_point[sb3-exit-restart]"
     "tests/test_faults.py::test_no_env_runs_in_the_calling_process_by_default[sb3]"
+)
+((EMULATED)) && DESELECT+=(
     "tests/test_faults.py::test_every_death_raises_a_clear_error_and_closes[memory-fork]"
     "tests/test_faults.py::test_every_death_raises_a_clear_error_and_closes[memory-forkserver]"
     "tests/test_faults.py::test_every_death_raises_a_clear_error_and_closes[memory-spawn]"
@@ -73,7 +102,7 @@ DESELECT=(
     "tests/test_faults.py::test_every_death_restarts_its_worker[memory-spawn]"
 )
 
-log() { printf '\n== arm64: %s\n' "$*"; }
+log() { printf '\n== %s: %s\n' "$TARGET" "$*"; }
 
 # ---------------------------------------------------------------------------------------- mounts
 MOUNTED=()
@@ -126,9 +155,11 @@ safe_rm_rootfs() {
 
 # ---------------------------------------------------------------------------- host packages
 need_apt=()
-command -v qemu-aarch64-static >/dev/null 2>&1 || need_apt+=(qemu-user-static)
 command -v debootstrap >/dev/null 2>&1 || need_apt+=(debootstrap)
-command -v update-binfmts >/dev/null 2>&1 || need_apt+=(binfmt-support)
+if ((EMULATED)); then
+    command -v "qemu-$MACHINE-static" >/dev/null 2>&1 || need_apt+=(qemu-user-static)
+    command -v update-binfmts >/dev/null 2>&1 || need_apt+=(binfmt-support)
+fi
 command -v git >/dev/null 2>&1 || need_apt+=(git)
 [[ -f /usr/share/keyrings/debian-archive-keyring.gpg ]] || need_apt+=(debian-archive-keyring)
 HOST_PY=
@@ -145,16 +176,18 @@ if ((${#need_apt[@]})); then
 fi
 
 # ------------------------------------------------------------------------------ binfmt_misc
+if ((EMULATED)); then
 BINFMT=/proc/sys/fs/binfmt_misc
 if ! mountpoint -q "$BINFMT"; then
     log "mounting binfmt_misc"
     mount binfmt_misc -t binfmt_misc "$BINFMT"
 fi
-if [[ ! -e $BINFMT/qemu-aarch64 ]] || ! grep -qx enabled "$BINFMT/qemu-aarch64"; then
-    log "registering qemu-aarch64 with binfmt_misc"
-    update-binfmts --enable qemu-aarch64 || update-binfmts --import qemu-aarch64
+if [[ ! -e $BINFMT/qemu-$MACHINE ]] || ! grep -qx enabled "$BINFMT/qemu-$MACHINE"; then
+    log "registering qemu-$MACHINE with binfmt_misc"
+    update-binfmts --enable qemu-$MACHINE || update-binfmts --import qemu-$MACHINE
 fi
-grep -qx enabled "$BINFMT/qemu-aarch64" || { echo "run.sh: qemu-aarch64 is not enabled in $BINFMT" >&2; exit 2; }
+grep -qx enabled "$BINFMT/qemu-$MACHINE" || { echo "run.sh: qemu-$MACHINE is not enabled in $BINFMT" >&2; exit 2; }
+fi
 
 # --------------------------------------------------------------------------- root filesystem
 mirror() {  # the Debian mirror apt already uses (one-line or deb822 sources), else deb.debian.org
@@ -171,21 +204,22 @@ mirror() {  # the Debian mirror apt already uses (one-line or deb822 sources), e
 }
 if [[ ! -f $BUILD/.stamp-rootfs ]]; then
     MIRROR=${ARM64_MIRROR:-$(mirror)}
-    log "debootstrapping an arm64 $SUITE root filesystem from $MIRROR (a few minutes)"
+    log "debootstrapping an $ARCH $SUITE root filesystem with $PY from $MIRROR (a few minutes)"
     [[ -e $ROOTFS ]] && safe_rm_rootfs
     mkdir -p "$BUILD"
-    debootstrap --arch=arm64 --variant=minbase --include=python3,python3-venv "$SUITE" "$ROOTFS" "$MIRROR"
-    echo "$SUITE arm64 $MIRROR" >"$BUILD/.stamp-rootfs"
+    debootstrap --arch="$ARCH" --variant=minbase --include="$PYPKGS" "$SUITE" "$ROOTFS" "$MIRROR"
+    echo "$SUITE $ARCH $MIRROR" >"$BUILD/.stamp-rootfs"
 fi
 
 # ----------------------------------------------------------------------------------- wheels
 if [[ ! -f $WHEELS/.stamp ]] || [[ $(cat "$WHEELS/.stamp") != "$REQ_HASH" ]]; then
-    log "downloading the aarch64 wheels of tests/arm64/requirements.txt"
+    log "downloading the $MACHINE Python $PYVER wheels of tests/chroot/requirements.txt"
     rm -rf "$WHEELS"
     mkdir -p "$WHEELS"
+    PLATFORM_ARGS=()
+    for p in "${WHEEL_PLATFORMS[@]}"; do PLATFORM_ARGS+=(--platform "$p"); done
     "$HOST_PY" -m pip download --quiet --dest "$WHEELS" --only-binary=:all: --implementation cp \
-        --python-version 3.11 --platform manylinux_2_28_aarch64 --platform manylinux2014_aarch64 \
-        --platform linux_aarch64 -r "$REQ"
+        --python-version "$PYVER" "${PLATFORM_ARGS[@]}" -r "$REQ"
     echo "$REQ_HASH" >"$WHEELS/.stamp"
 fi
 
@@ -193,12 +227,12 @@ fi
 unmount_all_under "$ROOTFS"   # left over by a run that was killed
 mount_system
 if [[ ! -f $ROOTFS$VENV/.stamp ]] || [[ $(cat "$ROOTFS$VENV/.stamp") != "$REQ_HASH" ]]; then
-    log "installing the wheels into $VENV inside the root filesystem (emulated: a few minutes)"
+    log "installing the wheels into $VENV inside the root filesystem (longer under emulation)"
     rm -rf "$ROOTFS$VENV"
     bind "$WHEELS" /mnt/wheels ro
     cp "$REQ" "$ROOTFS/tmp/requirements.txt"
     chroot "$ROOTFS" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 \
-        /bin/sh -c "python3 -m venv $VENV && $VENV/bin/python -m pip install --quiet --no-index \
+        /bin/sh -c "$PY -m venv $VENV && $VENV/bin/python -m pip install --quiet --no-index \
             --disable-pip-version-check --find-links /mnt/wheels -r /tmp/requirements.txt"
     echo "$REQ_HASH" >"$ROOTFS$VENV/.stamp"
 fi
@@ -214,7 +248,7 @@ if git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
         | tar -C "$REPO" --null --ignore-failed-read -T - -cf - 2>/dev/null \
         | tar -C "$ROOTFS/src" -xf -
 else
-    tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./.arm64 -cf - . | tar -C "$ROOTFS/src" -xf -
+    tar -C "$REPO" --exclude=./.git --exclude=./.venv --exclude=./.chroots -cf - . | tar -C "$ROOTFS/src" -xf -
 fi
 
 # ------------------------------------------------------------------------------------ tests
@@ -234,18 +268,21 @@ mkdir -p "$ROOTFS/var/cache/numba"
 # the root filesystem between runs. Hypothesis keeps its example database in /src/.hypothesis.
 CHROOT_ENV=(/usr/bin/env -i PATH="$VENV/bin:/usr/sbin:/usr/bin:/sbin:/bin" HOME=/root LANG=C.UTF-8
             PYTHONPATH=/src PYTHONDONTWRITEBYTECODE=1 NUMBA_CACHE_DIR=/var/cache/numba TERM="${TERM:-dumb}")
-ARCH=$(chroot "$ROOTFS" "${CHROOT_ENV[@]}" python -c 'import platform, sys; print(platform.machine(), sys.version.split()[0])')
-log "emulated Python: platform.machine() = ${ARCH% *}, Python ${ARCH#* } (host: $(uname -m))"
-[[ ${ARCH% *} == aarch64 ]] || { echo "run.sh: the chroot's Python is not aarch64" >&2; exit 2; }
+FOUND=$(chroot "$ROOTFS" "${CHROOT_ENV[@]}" python -c 'import platform, sys; print(platform.machine(), sys.version.split()[0])')
+HOW=native
+((EMULATED)) && HOW=emulated
+log "$HOW Python: platform.machine() = ${FOUND% *}, Python ${FOUND#* } (host: $(uname -m))"
+[[ ${FOUND% *} == "$MACHINE" ]] || { echo "run.sh: the chroot's Python is not $MACHINE" >&2; exit 2; }
+[[ ${FOUND#* } == "$PYVER".* ]] || { echo "run.sh: the chroot's Python is not $PYVER" >&2; exit 2; }
 
 SETUP=$((SECONDS - START))
-log "set-up took ${SETUP} s; running pytest under emulation"
+log "set-up took ${SETUP} s; running pytest ($HOW)"
 T0=$SECONDS
 set +e
 chroot "$ROOTFS" "${CHROOT_ENV[@]}" /bin/sh -c 'cd /src && exec python -m pytest "$@"' pytest \
     -q -p no:cacheprovider "${TESTS[@]}" "${DESELECT_ARGS[@]}" "$@"
 STATUS=$?
 set -e
-log "pytest under aarch64 emulation: exit status $STATUS, tests $((SECONDS - T0)) s, set-up ${SETUP} s," \
+log "pytest, $HOW Python ${FOUND#* } on ${FOUND% *}: exit status $STATUS, tests $((SECONDS - T0)) s, set-up ${SETUP} s," \
     "total wall time $((SECONDS - START)) s"
 exit "$STATUS"
