@@ -106,14 +106,16 @@ class Completion:
         while True:
             if probe:
                 probe("main:waited")
-            watch = self._watched(block_ids, failures, every, counted)
+            # (a broadcast round's wait, the usual one, watches every worker: no list to build)
+            watch = self.worker_blocks if counted else self._watched(block_ids, failures, every)
+            sentinels = self.workers.sentinels
             try:
                 dead = block_until(
                     done,
                     self.main_line,
                     self.workers.done_fd,
-                    [self.workers.sentinels[b] for b in watch],
-                    self._remaining(watch or block_ids, timeout),
+                    sentinels if counted else [sentinels[b] for b in watch],
+                    None if timeout is None else self._remaining(watch or block_ids, timeout),
                     announce=wake,
                 )
             except TimeoutError:
@@ -138,23 +140,19 @@ class Completion:
             probe("main:seen")
         fence()  # ordering [DONE]
 
-    def _watched(self, block_ids: list[int], failures: Failures, every: bool, counted: bool) -> list[int]:
-        """The workers whose sentinels a blocking wait watches: a broadcast round's every
-        worker (one that died fails the round whatever its DONE says: it may have died before
-        it counted itself); another round for every worker, the first not seen done (main
-        names it, and reaches each in turn); otherwise every block still out.
+    def _watched(self, block_ids: list[int], failures: Failures, every: bool) -> list[int]:
+        """The workers whose sentinels a blocking wait watches, but in a broadcast round (there:
+        every worker; one that died fails the round whatever its DONE says, as it may have died
+        before it counted itself): in another round for every worker, the first not seen done
+        (main names it, and reaches each in turn); otherwise every block still out.
         """
-        if counted:
-            return self.worker_blocks
         if every:
             return [self._round[1]]
         done = set(self.done_of(block_ids))
         return [b for b in block_ids if b not in failures and b not in done]
 
-    def _remaining(self, block_ids: list[int], timeout: float | None) -> float | None:
+    def _remaining(self, block_ids: list[int], timeout: float) -> float:
         """Seconds left of ``timeout``, counted from the earliest submission of ``block_ids``."""
-        if timeout is None:
-            return None
         first = min(self.submitted[b] for b in block_ids)
         return max(0.0, first + timeout - time.perf_counter())
 

@@ -97,30 +97,43 @@ class Posting:
         command, with no payload, for every worker; otherwise on each block's line, waking
         those that sleep.
         """
+        probe = probes.probe
         if blobs:
             # A GO and its payload go together: a Ctrl-C between them would leave the worker
             # waiting for a payload never sent (SIGINT is held until both are out).
             with sigint_held():
                 self.post(cmd, arg, seq, block_ids, payloads, None, None)
-                probe = probes.probe
-                for block in block_ids:
-                    if block in blobs:
-                        self.workers.send(block, blobs[block], fd)
-                        if probe:
-                            probe("main:sent")
+                self._send(block_ids, blobs, fd)
             return
-        if payloads is None and fd is None and len(block_ids) == self.num_workers:
-            self._broadcast(cmd, arg, seq)
-            return
-        # Per block (inline: the asynchronous round is the usual caller of this path)
-        self.broadcast = False
         lines = self.lines
+        if payloads is None and fd is None and len(block_ids) == self.num_workers:
+            # A broadcast: every worker at once, on main's line, with at most protocol.ROOTS
+            # wake-ups (the tree's roots; the workers relay the others, protocol.relay_children).
+            main_line = self.main_line
+            main_line[P.CMD] = cmd
+            main_line[P.ARG] = arg
+            # The round's count, tagged with it: a late worker of an earlier round cannot count here.
+            main_line[DONE] = count_base(seq)
+            self.broadcast = True
+            if probe:
+                probe("main:post")
+            fence()  # ordering [GO]: the actions, the command words and the count before the broadcast GO
+            main_line[P.GO] = seq
+            if probe:
+                probe("main:posted")
+            fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
+            wake_fds = self.workers.wake_fds
+            for block in self.roots:
+                if lines[block][P.SLEEPING]:
+                    ring(wake_fds[block])
+            return
+        # Per block, on each block's line.
+        self.broadcast = False
         for block in block_ids:
             line = lines[block]
             line[P.CMD] = cmd
             line[P.ARG] = arg
             line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
-        probe = probes.probe
         if probe:
             probe("main:post")
         fence()  # ordering [GO]: the actions and the command words before GO
@@ -134,29 +147,15 @@ class Posting:
             if lines[block][P.SLEEPING]:
                 ring(wake_fds[block])
 
+    def _send(self, block_ids: list[int], blobs: dict[int, bytes], fd: int | None) -> None:
+        """Send each block of ``block_ids`` its pickled payload (and ``fd`` after it)."""
+        probe = probes.probe
+        for block in block_ids:
+            if block in blobs:
+                self.workers.send(block, blobs[block], fd)
+                if probe:
+                    probe("main:sent")
+
     def posted(self, block: int, seq: int) -> bool:
         """Whether worker ``block`` was told of round ``seq`` (its GO, or the broadcast's, stored)."""
         return (self.broadcast and self.main_line[P.GO] == seq) or self.lines[block][P.GO] == seq
-
-    def _broadcast(self, cmd: int, arg: int, seq: int) -> None:
-        """Post ``cmd`` to every worker at once, on main's line, with at most ``protocol.ROOTS``
-        wake-ups (the tree's roots; the workers relay the others, ``protocol.relay_children``).
-        """
-        main_line = self.main_line
-        main_line[P.CMD] = cmd
-        main_line[P.ARG] = arg
-        # The round's count, tagged with it: a late worker of an earlier round cannot count here.
-        main_line[DONE] = count_base(seq)
-        self.broadcast = True
-        probe = probes.probe
-        if probe:
-            probe("main:post")
-        fence()  # ordering [GO]: the actions, the command words and the count before the broadcast GO
-        main_line[P.GO] = seq
-        if probe:
-            probe("main:posted")
-        fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
-        lines, wake_fds = self.lines, self.workers.wake_fds
-        for block in self.roots:
-            if lines[block][P.SLEEPING]:
-                ring(wake_fds[block])
