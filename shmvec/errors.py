@@ -61,7 +61,9 @@ class WorkerError(ShmVecError):
 
 
 class WorkerDied(ShmVecError):
-    """A worker process exited without being asked to (killed, crashed, ``os._exit``)."""
+    """A worker process exited without being asked to (killed, crashed, ``os._exit``), or could
+    not be started (``exitcode`` is then ``None``).
+    """
 
     def __init__(self, worker_index: int, exitcode: int | None, envs: range, hint: str = "") -> None:
         self.worker_index = worker_index
@@ -75,6 +77,8 @@ class WorkerDied(ShmVecError):
                 how = f"was killed by {signal.Signals(-exitcode).name}"
             except ValueError:
                 how = f"was killed by signal {-exitcode}"
+        elif exitcode is None:
+            how = "could not be started"
         else:
             how = f"exited with code {exitcode}"
         super().__init__(f"worker {worker_index} (envs {envs.start}..{envs.stop - 1}) {how}{hint}")

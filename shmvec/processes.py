@@ -119,7 +119,18 @@ class WorkerProcesses:
             name=f"shmvec-worker-{block}",
             daemon=True,
         )
-        proc.start()
+        try:
+            proc.start()
+        except (ConnectionError, EOFError) as exc:
+            # A forkserver that dies as it starts (Python 3.14's default start method: the
+            # server imports the main module first, and a script without a main guard starts
+            # a vector env there) leaves only a reset connection to say so.
+            parent_conn.close()
+            child_conn.close()
+            if self.context != "forkserver":
+                raise
+            cause = f"; the forkserver that starts it died ({type(exc).__name__}: {exc})"
+            raise WorkerDied(block, None, self.block_envs[block], cause + _main_guard_hint(self.context)) from exc
         child_conn.close()
         self.procs[block], self.conns[block], self.sentinels[block] = proc, parent_conn, proc.sentinel
 
@@ -194,10 +205,7 @@ class WorkerProcesses:
         hint = ""
         if phase == "construct" and self.context != "fork" and proc.exitcode == 1:
             # The usual cause: a script without a main guard, which the worker imports again.
-            hint = (
-                f". Under the {self.context!r} start method each worker imports your main module again: "
-                'create vector envs under `if __name__ == "__main__":` (the worker\'s error is on stderr)'
-            )
+            hint = _main_guard_hint(self.context)
         return WorkerDied(block, proc.exitcode, self.block_envs[block], hint)
 
     def unreadable(self, block: int, phase: str, exc: Exception) -> WorkerError:
@@ -271,3 +279,14 @@ def _release(proc: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _main_guard_hint(context: str) -> str:
+    """What to do when a worker started by ``context`` (not fork) dies as it starts: the usual
+    cause is a script without a main guard, which that start method imports again.
+    """
+    where = "the forkserver and each worker import" if context == "forkserver" else "each worker imports"
+    return (
+        f". Under the {context!r} start method {where} your main module again: create vector envs "
+        'under `if __name__ == "__main__":` (the error in that process is on stderr)'
+    )
