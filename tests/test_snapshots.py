@@ -284,24 +284,30 @@ def test_states_pickle():
 RESUME = textwrap.dedent(
     """
     import sys, numpy as np, shmvec
-    path, out, mode = sys.argv[1:]
-    envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2, max_episode_steps=30)
-    if mode == "resume":
-        shmvec.load_state(envs, path)
-    else:
-        envs.reset(seed=7)
-        envs.action_space.seed(11)
-    rows = []
-    for t in range(60):
-        if mode == "full" and t == 20:
-            shmvec.save_state(envs, path)
-        if mode == "resume" and t >= 40:
-            break
-        obs, rew, term, trunc, _ = envs.step(envs.action_space.sample())
-        rows.append(np.concatenate([obs.ravel(), rew, term, trunc]))
-    stats = np.concatenate([envs.episode_returns, envs.episode_lengths, envs.episode_counts])
-    np.savez(out, steps=np.array(rows), stats=stats)
-    envs.close()
+
+
+    def main(path, out, mode):
+        envs = shmvec.make("CartPole-v1", num_envs=4, num_workers=2, max_episode_steps=30)
+        if mode == "resume":
+            shmvec.load_state(envs, path)
+        else:
+            envs.reset(seed=7)
+            envs.action_space.seed(11)
+        rows = []
+        for t in range(60):
+            if mode == "full" and t == 20:
+                shmvec.save_state(envs, path)
+            if mode == "resume" and t >= 40:
+                break
+            obs, rew, term, trunc, _ = envs.step(envs.action_space.sample())
+            rows.append(np.concatenate([obs.ravel(), rew, term, trunc]))
+        stats = np.concatenate([envs.episode_returns, envs.episode_lengths, envs.episode_counts])
+        np.savez(out, steps=np.array(rows), stats=stats)
+        envs.close()
+
+
+    if __name__ == "__main__":  # (spawn and forkserver, Python 3.14's default, import this file again)
+        main(*sys.argv[1:])
     """
 )
 
