@@ -108,6 +108,21 @@ def count(tree: Path, kind: str, rounds: int) -> tuple[float, float]:
     return (long - short) / rounds, (long_sleeps - short_sleeps) / rounds
 
 
+def format_table(result: dict) -> str:
+    """The Markdown table docs/benchmarks.md quotes from a result (``--json``'s)."""
+    lines = [
+        "| round | base | this | this / base | sleeps per round (base, this) |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for kind, cell in result["cells"].items():
+        s = cell["sleeps"]
+        lines.append(
+            f"| `{kind}` | {cell['base']:,.0f} | {cell['this']:,.0f} | {cell['ratio']:.3f}x "
+            f"| {s['base']:.2f}, {s['this']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", help="the other checkout (its root directory)")

@@ -8,6 +8,7 @@ every marked figure (:mod:`shmvec.bench.figures`) and keeps the sweep as
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from shmvec.bench.figures import DOCS_SWEEP, FIGURE, pages, stale
@@ -72,3 +73,26 @@ def test_caller_cost_tables_are_their_results_file():
     assert all(own["none", w]["cpu_us"] <= 1.5 * own["none", 2]["cpu_us"] for w in (4, 8, 16, 32))
     assert own["none", 32]["cpu_shared_us"] > 1.5 * own["none", 2]["cpu_shared_us"]
     assert all(own["pong-300us", w]["blocks_after_last"] < 1.5 for w in (2, 16, 32))
+
+
+def test_round_instruction_table_is_its_results_file():
+    """docs/benchmarks.md's table of the caller's instructions per round against an earlier
+    commit is benchmarks/results-2core/round_instructions_ab.json's."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("round_ab", ROOT / "benchmarks/round_instructions_ab.py")
+    study = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # (it imports caller_cost beside it)
+    try:
+        spec.loader.exec_module(study)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    result = json.loads((ROOT / "benchmarks/results-2core/round_instructions_ab.json").read_text())
+    text = (ROOT / "docs/benchmarks.md").read_text()
+    block = text.split("<!-- round-ab:begin -->\n", 1)[1].split("\n<!-- round-ab:end -->", 1)[0]
+    assert block == study.format_table(result)
+    # What the text says of the file: the path itself no dearer, the race in the sleeps.
+    cells = result["cells"]
+    assert cells["step"]["ratio"] < 1.0 and cells["send/sleep/recv"]["ratio"] < 1.0
+    assert cells["send/recv"]["sleeps"]["this"] > cells["send/recv"]["sleeps"]["base"]
