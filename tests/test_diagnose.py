@@ -261,10 +261,11 @@ def test_the_automatic_window_leaves_the_updates_out(short_window, judged, monke
         envs.reset(seed=0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SlowLoopWarning)
-            rollouts(envs, 12, update_s=0.1)
+            rollouts(envs, 12, update_s=0.25)
     (d,) = judged
-    # 64 steps or more, over 4 rollouts or more: 0.4 s of updates at least, none of it counted
-    assert d.steps >= 64 and d.wall_s < 0.2 and d.between_steps_s < 0.1
+    # 64 steps or more, over 4 rollouts or more: 3 updates inside the window at least, 0.75 s,
+    # none of it counted (the bound leaves the steps themselves 0.6 s on a loaded machine)
+    assert d.steps >= 64 and d.wall_s < 0.6 and d.between_steps_s < 0.25
 
 
 def test_a_warning_made_an_error_costs_no_step(short_window, judged, monkeypatch):
