@@ -9,6 +9,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 import macos_profile  # noqa: E402,F401  (SHMVEC_TEST_PROFILE=macos: applied before shmvec loads)
 
+from shmvec import joining  # noqa: E402
+
+# A worker whose handshake never completes (a forked child that deadlocks under QEMU's user
+# mode, say) ends in StepTimeout naming it and its phase before pytest's own 300 s timeout
+# ends the test with only a stack: start-ups here take seconds, under emulation too.
+joining.START_S = 240.0
+
 
 def shm_entries() -> set[str]:
     # Only this process's segments: other test runs on the machine may hold theirs.
