@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: stress test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-py313 test-py314 test-pythons test-macos-profile bench-caller-cost
+.PHONY: stress test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-py313 test-py314 test-pythons test-macos-profile bench-caller-cost bench-start-methods
 
 venv: $(STAMP)
 
@@ -38,15 +38,19 @@ MACOS_LEFT_OUT = $(foreach t,test_every_death_raises_a_clear_error_and_closes te
 test-macos-profile: $(STAMP)
 	SHMVEC_TEST_PROFILE=macos $(PY) -m pytest -q --durations=8 $(CORE_SUITE) $(MACOS_LEFT_OUT)
 
-# The round under faults at length (#51), about 9 minutes: the jitter stress (random sleeps at
+# The round under faults at length (#51), about 13 minutes: the jitter stress (random sleeps at
 # every probe point, SIGKILLs, Ctrl-Cs, hanging steps, every row checked), then the chaos run
 # (SIGKILLs alone, every 0.05-0.3 s, through step, rollout and send/recv: every call returns).
-# make test runs the jitter stress for 15 s a worker count (tests/test_round_jitter.py).
+# make test runs the jitter stress for 15 s a worker count (tests/test_round_jitter.py). The
+# killer's thread makes the default start workers from the forkserver; the chaos run is repeated
+# with forked workers (--context fork), the way a single-threaded caller starts them.
 STRESS_SECONDS ?= 120
 stress: $(STAMP)
 	$(PY) tests/round_stress.py --seconds $(STRESS_SECONDS) --workers 2,4 --trace 20
 	$(PY) tests/round_stress.py --seconds $(STRESS_SECONDS) --workers 2,4 --no-jitter --sigint-rate 0 \
 	    --hang-rate 0 --ops step,rollout,send,recv --trace 20
+	$(PY) tests/round_stress.py --seconds $(STRESS_SECONDS) --workers 2,4 --no-jitter --sigint-rate 0 \
+	    --hang-rate 0 --ops step,rollout,send,recv --trace 20 --context fork
 
 # ruff (lint and format check) and mypy over the package, as configured in pyproject.toml.
 lint: $(STAMP)
@@ -123,6 +127,12 @@ test-py314:
 	bash tests/chroot/run.sh py314
 
 test-pythons: test-py313 test-py314
+
+# What each start method costs (build, rebuild, restart after a SIGKILL) under this Python and
+# under Python 3.14 (its chroot, as test-py314): docs/architecture.md, "The start method".
+bench-start-methods: $(STAMP)
+	$(PY) benchmarks/start_methods.py --json benchmarks/results-2core/start_methods-py311.json
+	bash tests/chroot/run.sh py314 --python benchmarks/start_methods.py --json /results/start_methods-py314.json
 
 # The calling process's CPU, instructions and wall time per synchronous round, 1..64 workers
 # (do-nothing envs; needs valgrind for the instructions): docs/benchmarks.md, "Many cores".

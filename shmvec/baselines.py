@@ -61,7 +61,7 @@ class BaselinesVecEnv:
         Accepted for compatibility with the classic signature
         ``SubprocVecEnv(env_fns, spaces=None)``; the spaces are read from the envs.
     context : str, optional
-        ``multiprocessing`` start method (default: the platform's).
+        ``multiprocessing`` start method (default: shmvec's per-start policy, as in :class:`~shmvec.ShmVecEnv`).
     in_series : int, default 1
         As in OpenAI baselines: envs stepped one after the other by each process. Makes blocks
         of ``in_series`` envs (``ceil(len(env_fns) / in_series)`` of them, the calling process's

@@ -7,23 +7,28 @@ pipes; what runs over the shared segment, one command round at a time, is ``pool
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
+from multiprocessing.connection import Pipe
 from multiprocessing.connection import wait as mp_wait
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from shmvec import protocol as P
+from shmvec import start_methods
 from shmvec.errors import StepTimeout, WorkerDied, WorkerError
 from shmvec.registrations import carried
 from shmvec.worker import worker_main
 
-if TYPE_CHECKING:
-    from multiprocessing.context import DefaultContext, ForkContext, ForkServerContext, SpawnContext
-
 # Seconds between looks at a worker's liveness while waiting for a message on its pipe.
 POLL_S = 0.5
+
+# What a worker forked under the per-start policy waits for: no other thread outlived the fork.
+_ALONE = b"alone"
+
+# Python 3.12+'s warning after a fork that other threads outlived (a regular expression).
+_FORK_WARNING = r".*use of fork\(\) may lead to deadlocks in the child"
 
 
 def raise_construct_failure(msg: Any) -> None:
@@ -47,7 +52,8 @@ class WorkerProcesses:
     block_envs : list of range
         The envs of each block served by a worker.
     context : str or None
-        ``multiprocessing`` start method (``"fork"``, ``"forkserver"``, ``"spawn"``).
+        ``multiprocessing`` start method (``"fork"``, ``"forkserver"``, ``"spawn"``), or ``None``
+        (``"auto"``): shmvec's policy, per start (:mod:`shmvec.start_methods`).
     options : WorkerOptions
         What every worker applies, given to each process as it starts.
 
@@ -66,9 +72,7 @@ class WorkerProcesses:
     ) -> None:
         import cloudpickle
 
-        # The stubs type get_context(str) as BaseContext, which lacks Process: it is one of these.
-        self._ctx = cast("DefaultContext | ForkContext | ForkServerContext | SpawnContext", mp.get_context(context))
-        self.context: str = self._ctx.get_start_method()
+        self.context: str = start_methods.requested(context)  # a start method, or "auto"
         # A worker that is not forked lacks the envs registered in the user's main module.
         specs = carried() if self.context != "fork" else []
         self._blobs: list[bytes] = []
@@ -81,18 +85,19 @@ class WorkerProcesses:
         self.options = options
         count = len(block_envs)
         self.procs: list[Any] = [None] * count  # multiprocessing.Process, once started
+        self.methods: list[str | None] = [None] * count  # how each one was started
         self.sentinels: list[int] = [-1] * count  # each process's sentinel (read on every blocking wait)
         self.conns: list[Any] = [None] * count  # each worker's duplex pipe (handshake, payloads, replies)
         # One wake pipe per block, for the pool's life: a restarted worker reads the same one, so
         # the workers that relay wake-ups to it (their write ends) need nothing new.
         self._wake: list[tuple[Any, Any]] = []
         for _ in range(count):
-            wake_r, wake_w = self._ctx.Pipe(duplex=False)
+            wake_r, wake_w = Pipe(duplex=False)
             os.set_blocking(wake_r.fileno(), False)
             os.set_blocking(wake_w.fileno(), False)
             self._wake.append((wake_r, wake_w))
         self.wake_fds: list[int] = [w.fileno() for _, w in self._wake]  # write end of each worker's wake pipe
-        done_r, done_w = self._ctx.Pipe(duplex=False)
+        done_r, done_w = Pipe(duplex=False)
         self._done_conns = (done_r, done_w)  # done_w stays open: restarted workers get it too
         self.done_fd: int = done_r.fileno()  # read end of the pipe every worker rings when done
         os.set_blocking(self.done_fd, False)
@@ -100,39 +105,64 @@ class WorkerProcesses:
 
     # -- start-up ------------------------------------------------------------------------------
     def start(self, block: int) -> None:
-        """Start (or restart) the worker process of ``block``."""
-        ctx = self._ctx
-        parent_conn, child_conn = ctx.Pipe()
+        """Start (or restart) the worker process of ``block``.
+
+        Under the per-start policy (``context="auto"``, :mod:`shmvec.start_methods`) the worker
+        is forked, and waits until this process confirms that no thread but its own outlived the
+        fork's prepare handlers (OpenBLAS's pool stops there; OpenMP's, numba's, torch's and the
+        user's threads do not): then it goes ahead, and otherwise it is killed before it runs
+        anything and the forkserver starts the worker instead.
+        """
+        if self.context != start_methods.AUTO:
+            self._launch(block, self.context, checked=False)
+            return
+        self._launch(block, "fork", checked=True)
+        if start_methods.threads() == 1:
+            try:
+                self.conns[block].send_bytes(_ALONE)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # it died already: its handshake says so
+            return
+        self.stop(block)  # it may hold a lock another thread held at the fork: it never runs
+        self._launch(block, "forkserver", checked=False)
+
+    def _launch(self, block: int, method: str, checked: bool) -> None:
+        """Start the worker process of ``block`` by ``method``; if ``checked``, one that waits for
+        :data:`_ALONE` before it runs anything.
+        """
+        ctx = start_methods.context(method)
+        parent_conn, child_conn = Pipe()
         relay = [(c, self._wake[c][1]) for c in P.relay_children(block, len(self.block_envs))]
-        proc = ctx.Process(
-            target=worker_main,
-            args=(
-                block,
-                self.block_envs[block].start,
-                self._blobs[block],
-                child_conn,
-                self._wake[block][0],
-                self._done_conns[1],
-                self.options,
-                relay,
-            ),
-            name=f"shmvec-worker-{block}",
-            daemon=True,
+        args = (
+            block,
+            self.block_envs[block].start,
+            self._blobs[block],
+            child_conn,
+            self._wake[block][0],
+            self._done_conns[1],
+            self.options,
+            relay,
         )
+        target = _when_alone if checked else worker_main
+        proc = ctx.Process(target=target, args=args, name=f"shmvec-worker-{block}", daemon=True)
         try:
-            proc.start()
+            with warnings.catch_warnings():
+                if checked:  # a fork that a thread outlived is never used: Python need not warn of it
+                    warnings.filterwarnings("ignore", message=_FORK_WARNING, category=DeprecationWarning)
+                proc.start()
         except (ConnectionError, EOFError) as exc:
             # A forkserver that dies as it starts (Python 3.14's default start method: the
             # server imports the main module first, and a script without a main guard starts
             # a vector env there) leaves only a reset connection to say so.
             parent_conn.close()
             child_conn.close()
-            if self.context != "forkserver":
+            if method != "forkserver":
                 raise
             cause = f"; the forkserver that starts it died ({type(exc).__name__}: {exc})"
-            raise WorkerDied(block, None, self.block_envs[block], cause + _main_guard_hint(self.context)) from exc
+            raise WorkerDied(block, None, self.block_envs[block], cause + _main_guard_hint(method)) from exc
         child_conn.close()
         self.procs[block], self.conns[block], self.sentinels[block] = proc, parent_conn, proc.sentinel
+        self.methods[block] = method
 
     def spaces(self, block: int, deadline: float | None) -> P.Spaces:
         """The spaces (and metadata) that the envs of ``block`` reported once built.
@@ -203,9 +233,10 @@ class WorkerProcesses:
         proc = self.procs[block]
         proc.join(1.0)
         hint = ""
-        if phase == "construct" and self.context != "fork" and proc.exitcode == 1:
+        method = self.methods[block]
+        if phase == "construct" and method != "fork" and proc.exitcode == 1:
             # The usual cause: a script without a main guard, which the worker imports again.
-            hint = _main_guard_hint(self.context)
+            hint = _main_guard_hint(str(method))
         return WorkerDied(block, proc.exitcode, self.block_envs[block], hint)
 
     def unreadable(self, block: int, phase: str, exc: Exception) -> WorkerError:
@@ -268,6 +299,18 @@ class WorkerProcesses:
                 conn.close()
             except OSError:
                 pass
+
+
+def _when_alone(*args: Any) -> None:
+    """A worker forked under the per-start policy: :func:`~shmvec.worker.worker_main` once the
+    caller says that no other thread outlived the fork (else the caller kills it first).
+    """
+    try:
+        alone = args[3].recv_bytes() == _ALONE
+    except (EOFError, OSError):
+        return
+    if alone:
+        worker_main(*args)
 
 
 def _release(proc: Any) -> bool:

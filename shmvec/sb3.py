@@ -52,8 +52,9 @@ class SubprocVecEnv(VecEnv):
     env_fns : list of callables
         Factories returning Gymnasium envs (OpenAI Gym envs are converted as SB3 does).
     start_method : str, optional
-        ``multiprocessing`` start method. Default: the platform's (``fork`` on Linux), not
-        SB3's ``forkserver``: shmvec's workers start in milliseconds with ``fork``.
+        ``multiprocessing`` start method. Default: shmvec's per-start policy (fork while the
+        calling process runs one thread, else forkserver; see :class:`~shmvec.ShmVecEnv`), not
+        SB3's ``forkserver`` for every start: a forked worker starts in milliseconds.
     num_workers : int, optional
         Env blocks stepped in parallel (default: the usable cores, at most ``len(env_fns)``).
         SB3 starts one process per env; shmvec steps several envs per process.

@@ -90,7 +90,12 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         Return arrays the caller owns. ``False`` returns read-only views of the shared buffers,
         valid until the next ``step``/``reset`` (zero copies).
     context : str, optional
-        ``multiprocessing`` start method: ``"fork"``, ``"forkserver"`` or ``"spawn"``.
+        ``multiprocessing`` start method for every worker: ``"fork"``, ``"forkserver"`` or
+        ``"spawn"``. ``None`` (or ``"auto"``) chooses per start: fork while the calling process
+        runs one thread, else forkserver; spawn where that is Python's default (macOS, Windows),
+        or the method set with ``multiprocessing.set_start_method`` if it is not the default.
+        The choice is in :attr:`context` (``"auto"`` for the per-start policy) and, per worker,
+        :attr:`start_methods`.
     timeout : float, optional
         Seconds any command may take, from when it was sent to the workers, before
         :class:`~shmvec.StepTimeout`; ``None`` waits forever (a dead worker is still noticed
@@ -380,6 +385,14 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
     def worker_pids(self) -> list[int]:
         """Process ids of the worker processes (empty once closed)."""
         return self._session.pool.worker_pids
+
+    @property
+    def start_methods(self) -> list[str | None]:
+        """How each worker's current process was started (``"fork"``, ``"forkserver"`` or
+        ``"spawn"``): under ``context=None`` a restart may differ from the first start
+        (``docs/architecture.md``, "Platforms").
+        """
+        return list(self._session.pool.workers.methods)
 
     @property
     def episode_returns(self) -> np.ndarray:

@@ -18,6 +18,9 @@ index, its count plus one, or a reset; ``restarted`` where a block was replaced)
   real SIGINT at a random point now and then (``--sigint-rate``);
 - an env now and then hangs in its step (action 2) past the env's ``timeout``.
 
+The killer's thread makes the default start method start every worker from the forkserver
+(``shmvec.start_methods``); ``--context fork`` forks them instead.
+
 Every call must return: ``step``, ``rollout`` and ``send``/``recv`` without an error (restarts
 take the killed blocks' place), ``reset`` and ``get_attr`` either so or with ``WorkerDied`` when
 they met a worker killed while idle (their rows say RAISE: the env then closes, and is built
@@ -51,7 +54,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sigint-rate", type=float, default=0.002, help="chance of a SIGINT at each probe point of main")
     p.add_argument("--hang-rate", type=float, default=0.0005, help="chance that an env's step hangs past the timeout")
     p.add_argument("--no-jitter", action="store_true", help="no random sleeps at the probe points")
-    p.add_argument("--context", default=None, help="start method (default: Python's)")
+    p.add_argument("--context", default=None, help="start method (default: shmvec's per-start policy)")
     p.add_argument("--hang-s", type=float, default=60.0, help="a call that takes longer fails the run")
     p.add_argument("--ops", default="step,rollout,send,recv,reset,get_attr",
                    help="the operations drawn (the chaos run: step,rollout,send,recv, each must return)")  # fmt: skip
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     import multiprocessing as mp
 
-    from shmvec import probes
+    from shmvec import probes, start_methods
 
     jitter = probes.probe  # the environment's jitter, or None
     probe = ChaosProbe(jitter, args.sigint_rate, args.seed)
@@ -294,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     from multiprocessing import resource_tracker
 
     resource_tracker.ensure_running()  # (its pipe, once per process: not one of the envs')
+    if args.context is None and start_methods.requested(None) == start_methods.AUTO:
+        # With the killer's thread running, the workers come from the forkserver (the default's
+        # choice): its pipe too stays for the process's life.
+        from multiprocessing import forkserver
+
+        start_methods.context("forkserver")
+        forkserver.ensure_running()
     fds = open_fds()
     killer = None
     if args.kill:

@@ -96,3 +96,33 @@ def test_round_instruction_table_is_its_results_file():
     cells = result["cells"]
     assert cells["step"]["ratio"] < 1.0 and cells["send/sleep/recv"]["ratio"] < 1.0
     assert cells["send/recv"]["sleeps"]["this"] > cells["send/recv"]["sleeps"]["base"]
+
+
+def test_start_method_tables_are_their_results_files():
+    """docs/architecture.md's start-method costs ("The start method") are
+    benchmarks/results-2core/start_methods-py311.json's and -py314.json's, and what the text
+    says of them holds there."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("start_methods_bench", ROOT / "benchmarks/start_methods.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    files = [ROOT / f"benchmarks/results-2core/start_methods-{py}.json" for py in ("py311", "py314")]
+    results = [json.loads(f.read_text()) for f in files]
+    text = (ROOT / "docs/architecture.md").read_text()
+    block = text.split("<!-- start-methods:begin -->\n", 1)[1].split("\n<!-- start-methods:end -->", 1)[0]
+    assert block == "\n\n".join(study.format_table(r) for r in results)
+    for result in results:
+        cells = result["cells"]
+        # "Forked, 3 to 7 times faster than from the forkserver and 9 to 19 times faster than
+        # spawned" (the next vector env and the restart: the first includes the server's start).
+        for key in ("rebuild_s", "restart_s"):
+            fork = cells["fork"][key]
+            assert 2.5 <= cells["forkserver"][key] / fork < 7.5, (result["python"], key)
+            assert 8.5 <= cells["spawn"][key] / fork < 19.5, (result["python"], key)
+        # the default starts as fork does from one thread, and from the forkserver from several
+        assert cells["default, one thread"]["started_by"] == "fork"
+        assert cells["default, threaded"]["started_by"] == "forkserver"
+        # shmvec's preload makes a start from the forkserver cheaper than Python's own alone
+        assert cells["forkserver"]["restart_s"] < cells["forkserver, Python's preload"]["restart_s"]

@@ -26,6 +26,11 @@ def load(name: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before exec: dataclasses and pickling look the module up
     spec.loader.exec_module(module)
+    # Its env factories travel by value, as they do when the script runs as __main__ (a worker
+    # from the forkserver, once this process runs other threads, cannot import it by name).
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
     return module
 
 

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.timeout(120)  # a hang fails here, not at the suite's l
 
 @pytest.fixture
 def probe():
-    """``probe(fn)`` installs ``fn`` for the test (forked workers inherit it); removed after."""
+    """``probe(fn)`` installs ``fn`` for the test (forked workers inherit it: every vector env
+    here asks for fork, as the default starts workers from the forkserver once the test process
+    runs other threads); removed after."""
     previous = probes.probe
     yield probes.install
     probes.install(previous)
@@ -65,7 +67,7 @@ def test_a_worker_killed_between_its_done_and_its_count_fails_the_round(on_error
             os.kill(os.getpid(), signal.SIGKILL)
 
     probe(kill_after_done)
-    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, on_error=on_error)
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, on_error=on_error, context="fork")
     try:
         rows = Rows(4)
         rows.reset(envs.reset(seed=0)[0])
@@ -97,7 +99,7 @@ def test_a_timeout_applies_while_every_worker_is_watched(probe, tmp_path):
             time.sleep(3600)
 
     probe(hang_after_done)
-    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, timeout=1.0)
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, timeout=1.0, context="fork")
     try:
         rows = Rows(4)
         rows.reset(envs.reset(seed=0)[0])
@@ -127,7 +129,7 @@ def test_a_late_count_of_an_earlier_round_does_not_count_in_the_next(probe, tmp_
             os.kill(os.getpid(), signal.SIGKILL)
 
     probe(late_and_dead)
-    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, on_error="restart")
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, on_error="restart", context="fork")
     try:
         rows = Rows(4)
         rows.reset(envs.reset(seed=0)[0])
@@ -168,7 +170,7 @@ def test_ctrl_c_after_a_broadcast_go_leaves_its_workers_in_flight(probe):
     is in flight (the next reset drains them), and the env goes on after a reset."""
     armed = [False]
     probe(interrupt_at("main:posted", armed))
-    envs = shmvec.ShmVecEnv(counting_fns(4, slow_s=0.2), num_workers=2)
+    envs = shmvec.ShmVecEnv(counting_fns(4, slow_s=0.2), num_workers=2, context="fork")
     try:
         rows = Rows(4)
         rows.reset(envs.reset(seed=0)[0])
@@ -189,7 +191,7 @@ def test_ctrl_c_between_a_go_and_its_payload_does_not_strand_the_worker(probe):
     call's payload for this one."""
     armed = [False]
     probe(interrupt_at("main:posted", armed))
-    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2)
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, context="fork")
     try:
         envs.reset(seed=0)
         armed[0] = True
@@ -209,7 +211,7 @@ def test_ctrl_c_in_send_marks_exactly_the_blocks_posted(where, in_flight, probe)
     leaves nothing stranded."""
     armed = [False]
     probe(interrupt_at(where, armed))
-    envs = shmvec.ShmVecEnv(counting_fns(6), num_workers=3, batch_size=4)
+    envs = shmvec.ShmVecEnv(counting_fns(6), num_workers=3, batch_size=4, context="fork")
     try:
         envs.reset(seed=0)
         armed[0] = True
@@ -239,7 +241,7 @@ def test_a_replacement_killed_while_it_starts_is_replaced_again(when, tmp_path):
     """Worker 0 is killed; its first two replacements die too, as they build their envs or as
     they reset them: a third is started, and the step returns with block 0 restarted."""
     deaths = tmp_path / "deaths"
-    envs = shmvec.ShmVecEnv(counting_fns(4, deaths=str(deaths)), num_workers=2, on_error="restart")
+    envs = shmvec.ShmVecEnv(counting_fns(4, deaths=str(deaths)), num_workers=2, on_error="restart", context="fork")
     try:
         rows = Rows(4)
         rows.reset(envs.reset(seed=0)[0])
@@ -257,7 +259,7 @@ def test_a_replacement_killed_while_it_starts_is_replaced_again(when, tmp_path):
 
 def test_a_replacement_that_always_dies_ends_in_an_error_that_says_so(tmp_path):
     deaths = tmp_path / "deaths"
-    envs = shmvec.ShmVecEnv(counting_fns(4, deaths=str(deaths)), num_workers=2, on_error="restart")
+    envs = shmvec.ShmVecEnv(counting_fns(4, deaths=str(deaths)), num_workers=2, on_error="restart", context="fork")
     try:
         envs.reset(seed=0)
         deaths.write_text("build 1000")

@@ -8,6 +8,9 @@
 #   bash tests/chroot/run.sh py314 -k gae -x # extra arguments go to pytest, after the core files
 #   bash tests/chroot/run.sh arm64 tests/test_gae.py::test_kernels_are_cached_on_disk
 #                                            # an argument under tests/ replaces the core files
+#   bash tests/chroot/run.sh py314 --python benchmarks/start_methods.py --json /results/start_methods-py314.json
+#                                            # a script instead of pytest; /results is the host's
+#                                            # benchmarks/results-2core, writable
 #
 # (make test-arm64, make test-py313, make test-py314; make test-pythons runs the last two.)
 # Python 3.12 is in no Debian release (bookworm has 3.11, trixie 3.13, sid 3.14): no target claims it.
@@ -276,6 +279,17 @@ log "$HOW Python: platform.machine() = ${FOUND% *}, Python ${FOUND#* } (host: $(
 [[ ${FOUND#* } == "$PYVER".* ]] || { echo "run.sh: the chroot's Python is not $PYVER" >&2; exit 2; }
 
 SETUP=$((SECONDS - START))
+if [[ ${1:-} == --python ]]; then
+    shift
+    bind "$REPO/benchmarks/results-2core" /results
+    log "set-up took ${SETUP} s; running python $* ($HOW)"
+    set +e
+    chroot "$ROOTFS" "${CHROOT_ENV[@]}" /bin/sh -c 'cd /src && exec python "$@"' python "$@"
+    STATUS=$?
+    set -e
+    log "python, $HOW Python ${FOUND#* } on ${FOUND% *}: exit status $STATUS, total wall time $((SECONDS - START)) s"
+    exit "$STATUS"
+fi
 log "set-up took ${SETUP} s; running pytest ($HOW)"
 T0=$SECONDS
 set +e
