@@ -98,6 +98,7 @@ def test_the_count_is_a_compare_and_swap_then_a_barrier():
     assert len(re.findall(r"dmb\s+ish", arm)) == 2
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # (forked: they inherit the barrier)
 def test_counts_from_many_processes_are_never_lost():
     """Four forked processes count themselves 10,000 times each on one shared line, every other
     time as failed: a plain read-modify-write would lose some; the compare-and-swap loses none,

@@ -202,6 +202,7 @@ def _child(conn, layout) -> None:
         conn.close()
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # (a forked child, by name)
 def test_child_process_shares_the_segment():
     layout = small_layout()
     seg = Segment(layout)

@@ -70,7 +70,11 @@ def assert_replays(envs, warmup: int = 25, steps: int = 60) -> list:
     return first
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+# (fork by name: Python 3.12+ may warn of the test process's threads, as it would any user's)
+FORK = pytest.param("fork", marks=pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning"))
+
+
+@pytest.mark.parametrize("context", [FORK, "spawn"])
 @pytest.mark.parametrize("mode", ["next_step", "same_step"])
 def test_cartpole_replays_bit_identically(context, mode):
     with ShmVecEnv([cartpole] * 4, num_workers=2, context=context, autoreset_mode=mode) as envs:

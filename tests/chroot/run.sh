@@ -76,6 +76,10 @@ CORE_TESTS=(
     tests/test_gae.py tests/test_snapshots.py tests/test_sync.py tests/test_layout.py
     tests/test_segment.py tests/test_barrier.py
 )
+# Natively, also what the start-method policy and the main guard do under that Python's defaults.
+# (Under QEMU's user mode the emulator's own thread is one of the process's: the default then
+# starts every worker from the forkserver, and these tests' expectations of a caller alone fail.)
+((EMULATED)) || CORE_TESTS+=(tests/test_start_methods.py tests/test_main_guard.py)
 
 # Deselected (every other test of the files runs):
 # - the "sb3" cases of test_faults import shmvec.sb3, i.e. stable_baselines3 and so torch: torch
