@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: stress test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-py313 test-py314 test-pythons test-macos-profile bench-caller-cost bench-start-methods
+.PHONY: stress test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-py313 test-py314 test-pythons test-macos-profile bench-caller-cost bench-start-methods bench-round-phases
 
 venv: $(STAMP)
 
@@ -138,6 +138,11 @@ bench-start-methods: $(STAMP)
 # (do-nothing envs; needs valgrind for the instructions): docs/benchmarks.md, "Many cores".
 bench-caller-cost: $(STAMP)
 	$(PY) benchmarks/caller_cost.py --json benchmarks/results-2core/caller_cost.json --write-docs
+
+# Where the caller's instructions go in one round, function by function (needs valgrind and a C
+# compiler): docs/benchmarks.md, "Where a round's instructions go".
+bench-round-phases: $(STAMP)
+	$(PY) benchmarks/round_phases.py --json benchmarks/results-2core/round_phases.json --write-docs
 
 bench-micro: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only

@@ -126,3 +126,29 @@ def test_start_method_tables_are_their_results_files():
         assert cells["default, threaded"]["started_by"] == "forkserver"
         # shmvec's preload makes a start from the forkserver cheaper than Python's own alone
         assert cells["forkserver"]["restart_s"] < cells["forkserver, Python's preload"]["restart_s"]
+
+
+def test_round_phase_tables_are_their_results_file():
+    """docs/benchmarks.md's tables of where a round's instructions go ("Where a round's
+    instructions go") are benchmarks/results-2core/round_phases.json's, and the text's claims
+    about them hold there."""
+    import importlib.util
+    import json
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # (it imports round_instructions_ab beside it)
+    try:
+        spec = importlib.util.spec_from_file_location("round_phases", ROOT / "benchmarks/round_phases.py")
+        study = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(study)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    result = json.loads((ROOT / "benchmarks/results-2core/round_phases.json").read_text())
+    text = (ROOT / "docs/benchmarks.md").read_text()
+    block = text.split(study.MARKERS[0], 1)[1].split(study.MARKERS[1], 1)[0]
+    assert block == study.format_table(result)
+    for kind, cell in result["cells"].items():
+        # "A wrapped call costs the functions around it about 200 instructions"
+        assert 100 < cell["wrapper_cost_per_call"] < 300, kind
+        # the top rows (the round's calls) hold what the caller does, give or take its sleeps
+        top = sum(row["instructions"] for row in cell["rows"] if row["depth"] == 0)
+        assert 0.9 < top / cell["total_unwrapped"] < 1.15, kind
