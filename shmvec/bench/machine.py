@@ -100,8 +100,6 @@ def parallel_scaling(processes: int | None = None, seconds: float = 0.2) -> dict
 
 def machine_info() -> dict[str, Any]:
     """A JSON-ready description of this machine and software."""
-    import multiprocessing as mp
-
     from shmvec.bench.memory import read_kb
 
     mem_kb = read_kb("/proc/meminfo", b"MemTotal:")
@@ -114,13 +112,21 @@ def machine_info() -> dict[str, Any]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "python_impl": platform.python_implementation(),
-        "start_method": mp.get_start_method(allow_none=True) or mp.get_all_start_methods()[0],
+        "start_method": _start_method(),
         "versions": {
             name: _version(name)
             for name in ("shmvec", "numpy", "gymnasium", "stable-baselines3", "envpool", "matplotlib", "psutil")
         },
         "argv": sys.argv[1:],
     }
+
+
+def _start_method() -> str:
+    """How shmvec's vector envs start their workers here by default (``shmvec.start_methods``)."""
+    from shmvec import start_methods
+
+    setting = start_methods.requested(None)
+    return "fork, or forkserver from a threaded caller" if setting == start_methods.AUTO else setting
 
 
 def machine_line(info: dict[str, Any]) -> str:
@@ -134,5 +140,5 @@ def machine_line(info: dict[str, Any]) -> str:
     mem = f", {info['memory_gb']} GB RAM" if info.get("memory_gb") else ""
     return (
         f"{info.get('cpu')}, {cores}{vm}{mem}; {info.get('os')}; "
-        f"Python {info.get('python')} ({info.get('start_method')} start method); {libs}"
+        f"Python {info.get('python')} (start method: {info.get('start_method')}); {libs}"
     )
