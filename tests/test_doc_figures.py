@@ -16,6 +16,7 @@ from shmvec.bench.output import docs_block
 from shmvec.bench.report import load_json, render_markdown
 
 ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks/results-2core"
 FIX = f"rerun `shmvec bench --write-docs`, or `shmvec bench --from-json {DOCS_SWEEP} --write-docs` after an edit"
 
 
@@ -38,33 +39,48 @@ def test_latest_results_block_is_the_report_of_that_sweep():
     assert block == "\n\n" + render_markdown(sweep, plots=links, heading_level=3) + "\n", FIX
 
 
-def test_ppo_wall_time_table_is_its_results_file():
+def study(name: str):
+    """The benchmark script ``benchmarks/<name>.py``, imported (its folder on the path while it
+    loads: some import a script beside them)."""
     import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_study", ROOT / f"benchmarks/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+def results(name: str):
+    """``benchmarks/results-2core/<name>.json``, read."""
     import json
 
-    spec = importlib.util.spec_from_file_location("ppo_wall_time", ROOT / "benchmarks/ppo_wall_time.py")
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
-    rows = json.loads((ROOT / "benchmarks/results-2core/ppo_wall_time.json").read_text())
-    text = (ROOT / "docs/migration.md").read_text()
-    block = text.split("<!-- ppo-wall-time:begin -->\n", 1)[1].split("\n<!-- ppo-wall-time:end -->", 1)[0]
-    assert block == study.format_table(rows)
+    return json.loads((RESULTS / f"{name}.json").read_text())
+
+
+def between(page: str, marker: str) -> str:
+    """What ``docs/<page>`` holds between ``<!-- <marker>:begin -->`` and its end marker."""
+    text = (ROOT / "docs" / page).read_text()
+    return text.split(f"<!-- {marker}:begin -->\n", 1)[1].split(f"\n<!-- {marker}:end -->", 1)[0]
+
+
+def test_ppo_wall_time_table_is_its_results_file():
+    rows = results("ppo_wall_time")
+    assert between("migration.md", "ppo-wall-time") == study("ppo_wall_time").format_table(rows)
     assert all(row["same_run"] for row in rows)  # each pair trained identically
 
 
 def test_caller_cost_tables_are_their_results_file():
     """docs/benchmarks.md's table of the caller's work per round, and the projection built on
     it, are benchmarks/results-2core/caller_cost.json's (`make bench-caller-cost` writes them)."""
-    import importlib.util
-    import json
-
-    spec = importlib.util.spec_from_file_location("caller_cost", ROOT / "benchmarks/caller_cost.py")
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
-    rows = json.loads((ROOT / "benchmarks/results-2core/caller_cost.json").read_text())
-    blocks = study.docs_blocks((ROOT / "docs/benchmarks.md").read_text())
-    assert blocks == {name: make(rows) + "\n" for name, make in study.BLOCKS.items()}
-    assert {r["workers"] for r in rows} >= {2, 16, 32} and {r["obs"] for r in rows} == set(study.OBS)
+    cost = study("caller_cost")
+    rows = results("caller_cost")
+    blocks = cost.docs_blocks((ROOT / "docs/benchmarks.md").read_text())
+    assert blocks == {name: make(rows) + "\n" for name, make in cost.BLOCKS.items()}
+    assert {r["workers"] for r in rows} >= {2, 16, 32} and {r["obs"] for r in rows} == set(cost.OBS)
     assert all({"cpu_us", "cpu_shared_us", "early_copy_us", "blocks_after_last"} <= set(r) for r in rows)
     # What the text says of the file: the caller's CPU per round, with a core of its own, within
     # 1.5x of its CPU at 2 workers up to 32 (not with every core shared); about one block's
@@ -78,20 +94,8 @@ def test_caller_cost_tables_are_their_results_file():
 def test_round_instruction_table_is_its_results_file():
     """docs/benchmarks.md's table of the caller's instructions per round against an earlier
     commit is benchmarks/results-2core/round_instructions_ab.json's."""
-    import importlib.util
-    import json
-
-    spec = importlib.util.spec_from_file_location("round_ab", ROOT / "benchmarks/round_instructions_ab.py")
-    study = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # (it imports caller_cost beside it)
-    try:
-        spec.loader.exec_module(study)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    result = json.loads((ROOT / "benchmarks/results-2core/round_instructions_ab.json").read_text())
-    text = (ROOT / "docs/benchmarks.md").read_text()
-    block = text.split("<!-- round-ab:begin -->\n", 1)[1].split("\n<!-- round-ab:end -->", 1)[0]
-    assert block == study.format_table(result)
+    result = results("round_instructions_ab")
+    assert between("benchmarks.md", "round-ab") == study("round_instructions_ab").format_table(result)
     # What the text says of the file: the path itself no dearer, the race in the sleeps.
     cells = result["cells"]
     assert cells["step"]["ratio"] < 1.0 and cells["send/sleep/recv"]["ratio"] < 1.0
@@ -102,18 +106,10 @@ def test_start_method_tables_are_their_results_files():
     """docs/architecture.md's start-method costs ("The start method") are
     benchmarks/results-2core/start_methods-py311.json's and -py314.json's, and what the text
     says of them holds there."""
-    import importlib.util
-    import json
-
-    spec = importlib.util.spec_from_file_location("start_methods_bench", ROOT / "benchmarks/start_methods.py")
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
-    files = [ROOT / f"benchmarks/results-2core/start_methods-{py}.json" for py in ("py311", "py314")]
-    results = [json.loads(f.read_text()) for f in files]
-    text = (ROOT / "docs/architecture.md").read_text()
-    block = text.split("<!-- start-methods:begin -->\n", 1)[1].split("\n<!-- start-methods:end -->", 1)[0]
-    assert block == "\n\n".join(study.format_table(r) for r in results)
-    for result in results:
+    files = [results(f"start_methods-{py}") for py in ("py311", "py314")]
+    format_table = study("start_methods").format_table
+    assert between("architecture.md", "start-methods") == "\n\n".join(format_table(r) for r in files)
+    for result in files:
         cells = result["cells"]
         # "Forked, 3 to 7 times faster than from the forkserver and 9 to 19 times faster than
         # spawned" (the next vector env and the restart: the first includes the server's start).
@@ -132,20 +128,8 @@ def test_round_phase_tables_are_their_results_file():
     """docs/benchmarks.md's tables of where a round's instructions go ("Where a round's
     instructions go") are benchmarks/results-2core/round_phases.json's, and the text's claims
     about them hold there."""
-    import importlib.util
-    import json
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # (it imports round_instructions_ab beside it)
-    try:
-        spec = importlib.util.spec_from_file_location("round_phases", ROOT / "benchmarks/round_phases.py")
-        study = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(study)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    result = json.loads((ROOT / "benchmarks/results-2core/round_phases.json").read_text())
-    text = (ROOT / "docs/benchmarks.md").read_text()
-    block = text.split(study.MARKERS[0], 1)[1].split(study.MARKERS[1], 1)[0]
-    assert block == study.format_table(result)
+    result = results("round_phases")
+    assert between("benchmarks.md", "round-phases") == study("round_phases").format_table(result)
     for kind, cell in result["cells"].items():
         # "A wrapped call costs the functions around it about 200 instructions"
         assert 100 < cell["wrapper_cost_per_call"] < 300, kind
