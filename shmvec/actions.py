@@ -190,21 +190,42 @@ class ActionBatch:
         convert = self._convert
         return [convert[k](self, k, part, shapes[k], ignored) for k, part in enumerate(parts)]
 
+    def write(
+        self, actions: Any, views: list[np.ndarray], n: int, ignored: np.ndarray | None = None, index: Any = Ellipsis
+    ) -> None:
+        """Check ``actions`` for ``n`` envs as :meth:`leaf_arrays` does, then write each leaf
+        into its view of ``views`` at ``index``: only once every leaf passed, so that a refused
+        action leaves nothing half-written. Item assignment casts as ``np.copyto(casting="unsafe")``
+        does, at a third of its cost.
+        """
+        if self.flat:  # the common case, on every step: one array, checked and written
+            shapes = self._shapes.get(n)
+            if shapes is None:
+                shapes = self._shapes[n] = [(n, *self.leaves[0].shape)]
+            views[0][index] = self._checked(0, actions, shapes[0], ignored)
+            return
+        for view, a in zip(views, self.leaf_arrays(actions, n, ignored)):
+            view[index] = a
+
     def _checked(self, k: int, part: Any, shape: tuple[int, ...], ignored: np.ndarray | None) -> np.ndarray:
         a = part if type(part) is np.ndarray else np.asarray(part)
         if a.shape != shape:
-            leaf = self.leaves[k]
-            # A scalar is not a batch at all (Gymnasium: TypeError); a batch of the wrong size or
-            # shape is a wrong value (ValueError).
-            error = TypeError if a.ndim == 0 else ValueError
-            raise error(
-                f"actions{leaf.field} have shape {a.shape}, expected {shape} "
-                f"({shape[0]} envs, single_action_space{leaf.field}={leaf.space})"
-            )
+            self._refuse_shape(k, a, shape)
         check = self.checks[k]
         if check is not None:
             check(a, ignored)
         return a
+
+    def _refuse_shape(self, k: int, a: np.ndarray, shape: tuple[int, ...]) -> None:
+        """Raise for leaf ``k``'s part ``a`` of a batch, which does not have ``shape``."""
+        leaf = self.leaves[k]
+        # A scalar is not a batch at all (Gymnasium: TypeError); a batch of the wrong size or
+        # shape is a wrong value (ValueError).
+        error = TypeError if a.ndim == 0 else ValueError
+        raise error(
+            f"actions{leaf.field} have shape {a.shape}, expected {shape} "
+            f"({shape[0]} envs, single_action_space{leaf.field}={leaf.space})"
+        )
 
     def _items(self, k: int, part: Any, shape: tuple[int, ...], ignored: np.ndarray | None) -> np.ndarray:
         """A pickled leaf's part of a batch (one sample per env, read as Gymnasium's ``iterate``

@@ -15,8 +15,8 @@ from shmvec import probes
 from shmvec import protocol as P
 from shmvec.barrier import fence
 from shmvec.processes import WorkerProcesses
-from shmvec.protocol import ANY_BLOCK, DONE, at_count, for_block
-from shmvec.sync import SpinPolicy, block_until, readable, spin_until
+from shmvec.protocol import ANY_BLOCK, DONE, SLEEPING, at_count, for_block
+from shmvec.sync import POLL_S, SpinPolicy, block_until, drain, readable, spin_until
 
 __all__ = ["Completion", "Failures", "SENTINEL_CHECK_S"]
 
@@ -89,11 +89,14 @@ class Completion:
         """Spin, then block, until ``count`` worker blocks of ``block_ids`` have finished or
         failed (the failures go into ``failures``); ``on_done`` as in ``WorkerPool.wait``.
         """
-        policy = self.policy
-        t0 = time.perf_counter()
         # Every worker, one sequence number: the round's own test (its count, or each DONE in turn).
         every = count >= len(block_ids) == len(self.worker_blocks) and self._round[0] is not None
         counted = every and self.counted
+        if counted and on_done is None:
+            self.wait_counted(self._round[0], timeout, failures)
+            return
+        policy = self.policy
+        t0 = time.perf_counter()
         if every:
             done, wake = self._every_test(counted, on_done)
         else:
@@ -102,6 +105,74 @@ class Completion:
             policy.update(time.perf_counter() - t0)
             fence()  # ordering [DONE]: DONE (or the count) seen before the results are read
             return
+        self._wait_out(block_ids, count, timeout, failures, every, counted, done, wake, t0)
+
+    def wait_counted(self, seq: int, timeout: float | None, failures: Failures) -> None:
+        """Wait for broadcast round ``seq``'s count, just posted (the training loop's round):
+        spin, then sleep until the last worker counted rings main. A worker that dies, or a
+        round past ``timeout``, goes to the general wait, which judges it (``failures``).
+        """
+        self._round[0], self._round[1], self.counted = seq, 0, True  # (begin)
+        policy, t0 = self.policy, time.perf_counter()
+        if spin_until(self.counted_done, policy) or self._sleep_for_count(timeout):
+            policy.update(time.perf_counter() - t0)
+            fence()  # ordering [DONE]: the count seen before the results are read
+            return
+        workers = self.worker_blocks
+        self._wait_out(workers, len(workers), timeout, failures, True, True, self.counted_done, self._everyone, t0)
+
+    def _sleep_for_count(self, timeout: float | None) -> bool:
+        """Sleep on the done pipe, announced for the round's last count, until the count is
+        complete (True), or until a sentinel says a worker died or ``timeout`` since the round
+        was posted has passed (False). ``block_until``'s handshake, kept announced across
+        wake-ups: only the worker that completes the count rings.
+        """
+        main_line, done_fd, workers = self.main_line, self.workers.done_fd, len(self.worker_blocks)
+        fds = [done_fd, *self.workers.sentinels]
+        deadline = None if timeout is None else self.submitted[0] + timeout  # (a broadcast: every block's)
+        probe = probes.probe
+        if probe:
+            probe("main:waited")
+        try:
+            main_line[SLEEPING] = self._everyone
+            fence()  # ordering [SLEEP]: SLEEPING before the count is read
+            if probe:
+                probe("sleep:announced")
+            while main_line[DONE] & 0xFFFF != workers:  # (protocol.counted)
+                wait = POLL_S
+                if deadline is not None:
+                    wait = min(wait, deadline - time.perf_counter())
+                    if wait <= 0:
+                        return False
+                ready = readable(fds, wait)
+                if probe:
+                    probe("sleep:woken")
+                if ready:
+                    if len(ready) > 1 or ready[0] != done_fd:
+                        return False
+                    drain(done_fd)
+        finally:
+            main_line[SLEEPING] = 0
+        if probe:
+            probe("main:seen")
+        return True
+
+    def _wait_out(
+        self,
+        block_ids: list[int],
+        count: int,
+        timeout: float | None,
+        failures: Failures,
+        every: bool,
+        counted: bool,
+        done: Callable[[], bool],
+        wake: int | Callable[[], int],
+        t0: float,
+    ) -> None:
+        """The blocking part of :meth:`wait`, every case: sleep, judge the workers that died or
+        are past ``timeout``, and go on with the test that still applies.
+        """
+        policy = self.policy
         probe = probes.probe
         while True:
             if probe:

@@ -152,7 +152,10 @@ class InfoMerger:
         with_columns : bool
             Whether the round wrote the scalar info columns (a step did, a reset did not).
         """
-        reports = {env: (final_info, info) for block in replies if block for env, final_info, info in block}
+        if any(replies):
+            reports = {env: (final_info, info) for block in replies if block for env, final_info, info in block}
+        else:
+            reports = {}
         reader = self.columns if with_columns else None
         if not reports and not len(restarted):
             # A step in which no env reported ended no episode under SAME_STEP either (an env

@@ -41,6 +41,8 @@ from shmvec.segment import Segment
 from shmvec.stepper import close_all
 from shmvec.sync import spin_policies
 
+_STEP = int(Command.STEP)
+
 
 class BlockState(Enum):
     """Where a block stands in the asynchronous API (synchronous rounds leave it IDLE)."""
@@ -108,6 +110,7 @@ class WorkerPool:
         # number it must reach, its last command, and perf_counter() of its last submission.
         self.seq = 0
         self.states = [BlockState.IDLE] * num_blocks
+        self._idle = [BlockState.IDLE] * num_workers  # (the workers' states after a synchronous round)
         self._target = [0] * num_blocks
         self.commands: list[int] = [0] * num_blocks
         self._submitted = [0.0] * num_blocks
@@ -393,6 +396,9 @@ class WorkerPool:
         """
         if timeout is None:
             timeout = self.timeout
+        if block_ids is None and payloads is None and self.main is None and on_done is None and fd is None:
+            if self.state is PoolState.OPEN and (cmd != _STEP or not self.replies.pickled_act):
+                return self._broadcast(cmd, arg, timeout)
         ids = self.all_blocks if block_ids is None else block_ids
         seq = self.seq + 1
         try:
@@ -403,10 +409,38 @@ class WorkerPool:
             # next receive (a drain) waits for them and drops their results; the pool goes on.
             self._interrupted(ids, seq)
             raise
+        return self._collect(ids, failures, timeout)
+
+    def _broadcast(self, cmd: int, arg: int, timeout: float | None) -> tuple[list, Failures]:
+        """:meth:`run` of one command for every worker, with no payload and no main block: the
+        training loop's round, :meth:`submit` and :meth:`wait` cut to what a broadcast needs.
+        """
+        ids = self.worker_blocks
+        n = len(ids)
+        seq = self.seq = self.seq + 1
+        self._target[:n] = [seq] * n
+        self._submitted[:n] = [time.perf_counter()] * n
+        self.commands[:n] = [cmd] * n
+        self.states[:n] = self._idle
+        failures: Failures = {}
+        try:
+            self.posting.post_broadcast(cmd, arg, seq)
+            self.completion.wait_counted(seq, timeout, failures)
+        except KeyboardInterrupt:  # (as in run)
+            self._interrupted(ids, seq)
+            raise
+        if failures or not_ok(self.main_line[DONE]):  # (else: no worker replied, the usual step)
+            return self._collect(ids, failures, timeout)
+        return [None] * len(self.blocks), failures
+
+    def _collect(self, ids: list[int], failures: Failures, timeout: float | None) -> tuple[list, Failures]:
+        """The replies of a synchronous round on ``ids`` that ended with ``failures``: ``run``'s result."""
         if failures:
             ids = [b for b in ids if b not in failures]
         elif self.completion.counted and not_ok(self.main_line[DONE]) == 0:  # a broadcast round no worker replied to
-            ids = [] if self.main is None or self.main.index not in ids else [self.main.index]
+            if self.main is None or self.main.index not in ids:
+                return [None] * len(self.blocks), failures
+            ids = [self.main.index]
         got, failed = self.replies.collect(ids, timeout, self.main)
         failures.update(failed)
         replies: list[Any] = [None] * len(self.blocks)

@@ -105,29 +105,11 @@ class Posting:
                 self.post(cmd, arg, seq, block_ids, payloads, None, None)
                 self._send(block_ids, blobs, fd)
             return
-        lines = self.lines
         if payloads is None and fd is None and len(block_ids) == self.num_workers:
-            # A broadcast: every worker at once, on main's line, with at most protocol.ROOTS
-            # wake-ups (the tree's roots; the workers relay the others, protocol.relay_children).
-            main_line = self.main_line
-            main_line[P.CMD] = cmd
-            main_line[P.ARG] = arg
-            # The round's count, tagged with it: a late worker of an earlier round cannot count here.
-            main_line[DONE] = count_base(seq)
-            self.broadcast = True
-            if probe:
-                probe("main:post")
-            fence()  # ordering [GO]: the actions, the command words and the count before the broadcast GO
-            main_line[P.GO] = seq
-            if probe:
-                probe("main:posted")
-            fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
-            wake_fds = self.workers.wake_fds
-            for block in self.roots:
-                if lines[block][P.SLEEPING]:
-                    ring(wake_fds[block])
+            self.post_broadcast(cmd, arg, seq)
             return
         # Per block, on each block's line.
+        lines = self.lines
         self.broadcast = False
         for block in block_ids:
             line = lines[block]
@@ -144,6 +126,30 @@ class Posting:
         fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
         wake_fds = self.workers.wake_fds
         for block in block_ids:
+            if lines[block][P.SLEEPING]:
+                ring(wake_fds[block])
+
+    def post_broadcast(self, cmd: int, arg: int, seq: int) -> None:
+        """Post round ``seq`` as a broadcast: ``cmd`` with ``arg`` to every worker at once, on
+        main's line, with at most ``protocol.ROOTS`` wake-ups (the tree's roots; the workers
+        relay the others, ``protocol.relay_children``).
+        """
+        probe = probes.probe
+        main_line = self.main_line
+        main_line[P.CMD] = cmd
+        main_line[P.ARG] = arg
+        # The round's count, tagged with it: a late worker of an earlier round cannot count here.
+        main_line[DONE] = count_base(seq)
+        self.broadcast = True
+        if probe:
+            probe("main:post")
+        fence()  # ordering [GO]: the actions, the command words and the count before the broadcast GO
+        main_line[P.GO] = seq
+        if probe:
+            probe("main:posted")
+        fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
+        lines, wake_fds = self.lines, self.workers.wake_fds
+        for block in self.roots:
             if lines[block][P.SLEEPING]:
                 ring(wake_fds[block])
 

@@ -90,6 +90,9 @@ class Results:
             row_bytes = sum(v.nbytes // len(v) for v in obs)
             if max(len(block) for block in blocks) * row_bytes >= COPY_AS_DONE_BYTES:
                 self._blocks = blocks
+        self.copies_as_done = self._blocks is not None  # (see copy_out)
+        # The usual observation, one array of fixed-size values: what a step copies out of it.
+        self._plain = obs[0] if self._flat and self._pickled is None else None
 
     def copy_out(self) -> CopyOut | None:
         """Where the next step's observations are copied block by block as the blocks finish
@@ -114,7 +117,12 @@ class Results:
         """
         home = self.home
         if copy:
-            obs = self.observations(True) if taken is None else self._tree(taken.finish())
+            if taken is not None:
+                obs = self._tree(taken.finish())
+            elif self._plain is not None:
+                obs = self._plain.copy()
+            else:
+                obs = self.observations(True)
             return obs, home.rewards.copy(), home.terminations.copy(), home.truncations.copy()
         obs = self.buffers.obs if self._pickled is None else self.observations(False)
         return obs, self._rewards_ro, self._terms_ro, self._truncs_ro

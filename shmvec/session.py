@@ -75,6 +75,7 @@ class Session:
     def __init__(self, env_fns: Sequence[Callable[[], Any]], options: Options, owner: Any) -> None:
         self.options = options
         self.pool = pool = WorkerPool(env_fns, options)
+        self.num_envs = pool.num_envs
         self.spaces = pool.spaces
         self.restarts: list[tuple[int | None, range, Exception]] = []
         self.closing = ClosingOnError(weakref.ref(owner), pool)
@@ -155,7 +156,8 @@ class Session:
         hooks = self.hooks
         hooks.enter()
         try:  # (leave() on a failed step too: the rhythm's clock and torch's threads stay right)
-            self.write_actions(actions, out.act)
+            # (as write_actions does, for every env)
+            self.actions.write(actions, out.act, self.num_envs, self.autoreset if self.next_step else None)
             if out is self.home and self.latest is not out.obs:
                 self.to_home()
             replies, failures = self._run(cmd, None, arg, None, None if taken is None else taken.block)
@@ -256,15 +258,15 @@ class Session:
         on_done: Callable[[int], None] | None = None,
     ) -> tuple[list, Failures]:
         self.held = None
-        with self.closing:
-            try:
-                return self.pool.run(cmd, payloads, arg=arg, block_ids=block_ids, on_done=on_done)
-            except KeyboardInterrupt:
+        try:  # (ClosingOnError's work, without a `with` on the step path)
+            return self.pool.run(cmd, payloads, arg=arg, block_ids=block_ids, on_done=on_done)
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) and self.state is _READY:
                 # The round finishes in the workers and is dropped (ClosingOnError keeps the env
                 # open): its results are lost, so the caller starts again from a reset.
-                if self.state is _READY:
-                    self.state = Lifecycle.NEEDS_RESET
-                raise
+                self.state = Lifecycle.NEEDS_RESET
+            self.closing.after(type(exc))
+            raise
 
     def submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:
         """Start ``cmd`` on ``blocks`` without waiting (asynchronous collection)."""
@@ -361,22 +363,14 @@ class Session:
         return [i for block in blocks for i in pool.blocks[block]]
 
     # -- what the rounds read and write --------------------------------------------------------
-    def write_actions(self, actions: Any, views: list[np.ndarray], batch: Batch | None = None) -> None:
-        """Check ``actions`` (for all envs, or for a ``batch``) and write them into ``views``
-        (the regular action regions, or a rollout row's).
+    def write_actions(self, actions: Any, views: list[np.ndarray], batch: Batch) -> None:
+        """Check the actions of a ``batch`` and write them into its rows of ``views`` (the regular
+        action regions); a step of every env writes its own (:meth:`step`), as this does.
         """
         # Under NEXT_STEP an env that ended its episode is reset by this step and never sees its
         # action; Gymnasium hands it any value, so its row is not checked against the space.
-        ignored = None
-        if self.next_step:
-            ignored = self.autoreset if batch is None else self.autoreset[batch.rows]
-        n = self.pool.num_envs if batch is None else len(batch.ids)
-        checked = self.actions.leaf_arrays(actions, n, ignored)
-        # Written only once every leaf passed: a refused action leaves nothing half-written.
-        # Item assignment casts as np.copyto(casting="unsafe") does, at a third of its cost.
-        index = Ellipsis if batch is None else batch.rows
-        for view, a in zip(views, checked):
-            view[index] = a
+        ignored = self.autoreset[batch.rows] if self.next_step else None
+        self.actions.write(actions, views, len(batch.ids), ignored, batch.rows)
 
     def rollout_segment(self, num_steps: int) -> Segment:
         """The rollout segment of ``num_steps`` steps every block holds: the one attached, or a
@@ -420,7 +414,12 @@ class ClosingOnError:
         return None
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: Any) -> None:
-        if exc_type is None or issubclass(exc_type, PayloadError):  # nothing was sent
+        if exc_type is not None:
+            self.after(exc_type)
+
+    def after(self, exc_type: type[BaseException]) -> None:
+        """Close the vector env after ``exc_type`` was raised, unless the env is still whole."""
+        if issubclass(exc_type, PayloadError):  # nothing was sent
             return
         if issubclass(exc_type, KeyboardInterrupt) and self._pool.state is PoolState.OPEN:
             return  # Ctrl-C while the workers ran: what they run is drained later; the env goes on

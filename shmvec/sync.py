@@ -26,6 +26,11 @@ from shmvec.barrier import fence
 from shmvec.protocol import SLEEPING
 
 
+# Seconds a blocked waiter sleeps at most before it looks at the words again: a lost wake-up
+# costs this much latency, never a hang.
+POLL_S = 0.5
+
+
 def ring(fd: int) -> None:
     """Write one wake byte; a full pipe already holds a pending wake-up, so that is fine."""
     if probes.probe:
@@ -143,7 +148,7 @@ def block_until(
     wake_fd: int,
     watch: list[int],
     timeout: float | None,
-    poll_interval: float = 0.5,
+    poll_interval: float = POLL_S,
     announce: int | Callable[[], int] = 1,
 ) -> list[int]:
     """Block on ``wake_fd`` (and ``watch`` fds) until ``done()``; announce it in ``ctrl_line``.

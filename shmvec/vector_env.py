@@ -24,6 +24,7 @@ from shmvec.checks import env_factories, seeds_per_env
 from shmvec.diagnose import Diagnosable
 from shmvec.lifecycle import Lifecycle, refuse
 from shmvec.options import Options
+from shmvec.pool import BlockState
 from shmvec.protocol import Command
 from shmvec.results import SharedBuffers
 from shmvec.rollouts import Rollouts
@@ -35,6 +36,8 @@ from shmvec.torch_threads import TorchThreads
 __all__ = ["ShmVecEnv", "SharedBuffers"]
 
 _READY = Lifecycle.READY
+_DISABLED = AutoresetMode.DISABLED
+_IN_FLIGHT = BlockState.IN_FLIGHT
 _STEP = int(Command.STEP)
 
 
@@ -281,23 +284,26 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
     def step(self, actions: Any) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         """Step every env with its row of ``actions``; see Gymnasium's ``VectorEnv.step``."""
         session = self._session
-        session.guard("step", sync=False)  # (a refused step must not drain what send() started)
+        if session.state is not _READY:
+            session.guard("step", sync=False)  # (raises; a refused step must not drain what send() started)
         if self.batch_size != self.num_envs:
             raise ValueError(
                 f"this ShmVecEnv collects asynchronously (batch_size={self.batch_size} < "
                 f"num_envs={self.num_envs}): use send(actions, env_ids) and recv()"
             )
-        if self.autoreset_mode is AutoresetMode.DISABLED and session.autoreset.any():
+        if self.autoreset_mode is _DISABLED and session.autoreset.any():
             ended = np.flatnonzero(session.autoreset).tolist()
             raise ValueError(
                 f"envs {ended} ended their episode and autoreset_mode is DISABLED: reset them first "
                 "with reset(options={'reset_mask': mask})"
             )
-        session.drain()
+        if _IN_FLIGHT in session.states:
+            session.drain()
+        copy, results = self.copy, session.results
         # Large observations are copied out block by block, as the blocks finish.
-        taken = session.results.copy_out() if self.copy else None
+        taken = results.copy_out() if copy and results.copies_as_done else None
         infos, _ = session.step(_STEP, actions, session.home, taken=taken)
-        return (*session.results.step(self.copy, taken), infos)
+        return (*results.step(copy, taken), infos)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read the attribute if not callable)."""
