@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.stamp-install
 BENCH_STAMP := $(VENV)/.stamp-bench
 
-.PHONY: stress test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-py313 test-py314 test-pythons test-macos-profile bench-caller-cost bench-start-methods bench-round-phases
+.PHONY: stress test lint conformance bench bench-full bench-quick bench-docs bench-micro bench-multiagent bench-ray bench-snapshots bench-training bench-scaling bench-gpu bench-instructions venv clean test-arm64 test-py313 test-py314 test-pythons test-macos-profile bench-caller-cost bench-start-methods bench-round-phases bench-round-floor
 
 venv: $(STAMP)
 
@@ -143,6 +143,9 @@ bench-caller-cost: $(STAMP)
 # compiler): docs/benchmarks.md, "Where a round's instructions go".
 bench-round-phases: $(STAMP)
 	$(PY) benchmarks/round_phases.py --json benchmarks/results-2core/round_phases.json --write-docs
+
+bench-round-floor: $(STAMP)
+	$(PY) benchmarks/round_floor.py --json benchmarks/results-2core/round_floor.json --write-docs
 
 bench-micro: $(STAMP)
 	$(PY) -m pytest benchmarks -q --benchmark-only

@@ -21,6 +21,9 @@ from shmvec.session import Session
 
 __all__ = ["AsyncCollection"]
 
+_READY = Lifecycle.READY
+_STEP = int(Command.STEP)
+
 
 class AsyncCollection:
     """The asynchronous part of :class:`~shmvec.ShmVecEnv`'s API (a base class of it).
@@ -62,12 +65,14 @@ class AsyncCollection:
         every env is ready for a ``send``.
         """
         session = self._session
-        session.guard("send", sync=False)
+        if session.state is not _READY:
+            session.guard("send", sync=False)  # (raises)
         batch = self._last
         if batch is None or env_ids is not batch.ids:  # the usual loop passes the (read-only) ids recv() returned
             batch = session.batches.covering(env_ids, session.states, self._last is not None)
         session.write_actions(actions, session.home.act, batch)
-        self._submit(Command.STEP, batch.blocks, None)
+        session.submit(_STEP, batch.blocks, None)
+        self._last = None
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]:
         """Wait for ``batch_size`` envs to finish; return their results and ids.
@@ -81,7 +86,8 @@ class AsyncCollection:
         With ``ordered=True`` the blocks sent first are returned first, whenever they finish.
         """
         session = self._session
-        session.guard("recv", needs_reset=False, sync=False)
+        if session.state is not _READY:
+            session.guard("recv", needs_reset=False, sync=False)
         result, self._last = session.recv(self._batch_blocks, self.ordered, self.copy)
         return result
 

@@ -128,7 +128,7 @@ class Completion:
         wake-ups: only the worker that completes the count rings.
         """
         main_line, done_fd, workers = self.main_line, self.workers.done_fd, len(self.worker_blocks)
-        fds = [done_fd, *self.workers.sentinels]
+        fds = self.workers.done_and_sentinels
         deadline = None if timeout is None else self.submitted[0] + timeout  # (a broadcast: every block's)
         probe = probes.probe
         if probe:

@@ -152,10 +152,7 @@ class InfoMerger:
         with_columns : bool
             Whether the round wrote the scalar info columns (a step did, a reset did not).
         """
-        if any(replies):
-            reports = {env: (final_info, info) for block in replies if block for env, final_info, info in block}
-        else:
-            reports = {}
+        reports = _reports(replies) if any(replies) else {}
         reader = self.columns if with_columns else None
         if not reports and not len(restarted):
             # A step in which no env reported ended no episode under SAME_STEP either (an env
@@ -242,3 +239,8 @@ def _array_item(view: np.ndarray, i: int) -> np.ndarray:
 
 def _object_item(view: np.ndarray, i: int) -> Any:
     return view[i]
+
+
+def _reports(replies: list) -> dict[int, tuple[Any, Any]]:
+    """``{env: (final_info, info)}`` of the envs that reported in the blocks' ``replies``."""
+    return {env: (final_info, info) for block in replies if block for env, final_info, info in block}

@@ -327,8 +327,11 @@ class WorkerPool:
         if len(ready) > count:
             target = self._target
             ready = sorted(sorted(ready, key=lambda b: (b not in failures, target[b]))[:count])
-        failures = {b: e for b, e in failures.items() if b in ready}
-        replies, failed = self.replies.collect([b for b in ready if b not in failures], self.timeout, main)
+        if failures:
+            failures = {b: e for b, e in failures.items() if b in ready}
+            replies, failed = self.replies.collect([b for b in ready if b not in failures], self.timeout, main)
+        else:
+            replies, failed = self.replies.collect(ready, self.timeout, main)
         failures.update(failed)
         idle = BlockState.IDLE
         for block in ready:

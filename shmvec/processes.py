@@ -100,6 +100,8 @@ class WorkerProcesses:
         done_r, done_w = Pipe(duplex=False)
         self._done_conns = (done_r, done_w)  # done_w stays open: restarted workers get it too
         self.done_fd: int = done_r.fileno()  # read end of the pipe every worker rings when done
+        # What a wait for every worker watches: the done pipe, then each worker's sentinel.
+        self.done_and_sentinels: list[int] = [self.done_fd, *self.sentinels]
         os.set_blocking(self.done_fd, False)
         os.set_blocking(done_w.fileno(), False)
 
@@ -162,6 +164,7 @@ class WorkerProcesses:
             raise WorkerDied(block, None, self.block_envs[block], cause + _main_guard_hint(method)) from exc
         child_conn.close()
         self.procs[block], self.conns[block], self.sentinels[block] = proc, parent_conn, proc.sentinel
+        self.done_and_sentinels[1 + block] = proc.sentinel
         self.methods[block] = method
 
     def spaces(self, block: int, deadline: float | None) -> P.Spaces:

@@ -21,6 +21,8 @@ from shmvec.protocol import Command, Status
 
 __all__ = ["Replies"]
 
+_OK = int(Status.OK)  # (a plain int: comparing with an IntEnum member goes through its class)
+
 
 class Replies:
     """How main reads a round's results that are not in the result regions.
@@ -83,7 +85,7 @@ class Replies:
                 continue
             line = lines[block]
             status = line[P.STATUS]
-            if status == Status.OK:
+            if status == _OK:
                 continue
             size = line[P.REPLY_LEN]
             if size >= 0:  # in shared memory: no syscall, no wait

@@ -184,8 +184,11 @@ class Session:
         pool, hooks = self.pool, self.hooks
         hooks.enter()
         try:
-            with self.closing:
+            try:  # (ClosingOnError's work, as in _run)
                 ready, got, failures = pool.receive(count, ordered)
+            except BaseException as exc:
+                self.closing.after(type(exc))
+                raise
             restarted: Sequence[int] = NO_ENVS
             commands = pool.commands
             if failures:
@@ -271,9 +274,13 @@ class Session:
     def submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:
         """Start ``cmd`` on ``blocks`` without waiting (asynchronous collection)."""
         self.held = None
-        self.to_home()  # (before the workers write there: the envs not submitted keep theirs)
-        with self.closing:
+        if self.latest is not self.home.obs:
+            self.to_home()  # (before the workers write there: the envs not submitted keep theirs)
+        try:  # (ClosingOnError's work, as in _run)
             self.pool.submit(cmd, blocks, payloads)
+        except BaseException as exc:
+            self.closing.after(type(exc))
+            raise
 
     def drain(self) -> None:
         """Wait for every command in flight and drop its results (before a synchronous round:

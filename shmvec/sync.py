@@ -25,7 +25,6 @@ from shmvec import probes
 from shmvec.barrier import fence
 from shmvec.protocol import SLEEPING
 
-
 # Seconds a blocked waiter sleeps at most before it looks at the words again: a lost wake-up
 # costs this much latency, never a hang.
 POLL_S = 0.5
@@ -43,8 +42,8 @@ def ring(fd: int) -> None:
 
 def drain(fd: int) -> None:
     """Read every pending wake byte from the non-blocking ``fd``."""
-    try:
-        while len(os.read(fd, 4096)) == 4096:
+    try:  # (a few bytes at most, usually one: a small read allocates less)
+        while len(os.read(fd, 64)) == 64:
             pass
     except (BlockingIOError, InterruptedError):
         pass

@@ -102,6 +102,23 @@ def test_round_instruction_table_is_its_results_file():
     assert cells["send/recv"]["sleeps"]["this"] > cells["send/recv"]["sleeps"]["base"]
 
 
+def test_round_cut_table_is_its_results_file():
+    """docs/benchmarks.md's before/after of #53's round ("Where a round's instructions go") is
+    benchmarks/results-2core/round_instructions_53.json's, and the cut it claims holds there."""
+    result = results("round_instructions_53")
+    assert between("benchmarks.md", "round-cut") == study("round_instructions_ab").format_table(result)
+    assert result["cells"]["step"]["ratio"] < 0.75  # "a quarter fewer instructions or more"
+
+
+def test_round_floor_table_is_its_results_file():
+    """docs/benchmarks.md's `step` against the bare round trip ("A `step` against the floor") is
+    benchmarks/results-2core/round_floor.json's, its median the median of its repeats."""
+    result = results("round_floor")
+    assert between("benchmarks.md", "round-floor") == study("round_floor").format_table(result)
+    ratios = sorted(r["ratio"] for r in result["repeats"])
+    assert result["median_ratio"] == ratios[len(ratios) // 2] and result["median_ratio"] > 1
+
+
 def test_start_method_tables_are_their_results_files():
     """docs/architecture.md's start-method costs ("The start method") are
     benchmarks/results-2core/start_methods-py311.json's and -py314.json's, and what the text
