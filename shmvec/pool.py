@@ -432,12 +432,13 @@ class WorkerPool:
         except KeyboardInterrupt:  # (as in run)
             self._interrupted(ids, seq)
             raise
-        if failures or not_ok(self.main_line[DONE]):  # (else: no worker replied, the usual step)
-            return self._collect(ids, failures, timeout)
-        return [None] * len(self.blocks), failures
+        return self._collect(ids, failures, timeout)
 
     def _collect(self, ids: list[int], failures: Failures, timeout: float | None) -> tuple[list, Failures]:
-        """The replies of a synchronous round on ``ids`` that ended with ``failures``: ``run``'s result."""
+        """The replies of a synchronous round on ``ids`` that ended with ``failures``: ``run``'s
+        result. A broadcast's count says whether any worker replied only while it is complete
+        (a count that came late leaves each block's status to read).
+        """
         if failures:
             ids = [b for b in ids if b not in failures]
         elif self.completion.counted and not_ok(self.main_line[DONE]) == 0:  # a broadcast round no worker replied to

@@ -9,13 +9,14 @@ where a marker file says so, so that only the process meant to act does.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
 
 import numpy as np
 import pytest
-from counting import BUILT, Rows, counting_fns
+from counting import BUILT, CountingEnv, Rows, counting_fns
 
 import shmvec
 from shmvec import probes
@@ -107,6 +108,42 @@ def test_a_timeout_applies_while_every_worker_is_watched(probe, tmp_path):
         armed.touch()
         steps(envs, rows, 1)
         with pytest.raises(shmvec.StepTimeout, match="worker 0"):
+            envs.step(np.zeros(4, np.int64))
+    finally:
+        envs.close()
+
+
+class FailingWhenArmed(CountingEnv):
+    """Env 0 raises in its step once the marker file ``armed`` exists."""
+
+    def __init__(self, index: int, armed: str) -> None:
+        super().__init__(index)
+        self.armed = armed
+
+    def step(self, action):
+        if self.index == 0 and os.path.exists(self.armed):
+            raise RuntimeError("env 0 fails as armed")
+        return super().step(action)
+
+
+def test_an_error_of_a_worker_held_before_its_count_is_raised_past_the_timeout(probe, tmp_path):
+    """Env 0 raises (worker 0's status says an error report follows); worker 0 stores its DONE,
+    then hangs before it counts itself: past ``timeout`` the round is whole by each block's DONE,
+    and its statuses are each block's to read (the count's not-OK field lacks worker 0's), so
+    the step raises env 0's error instead of returning as if nothing happened."""
+    armed = tmp_path / "armed"
+
+    def hang_after_done(point):
+        if point == "worker:done" and in_worker_of(0) and armed.exists() and once(tmp_path / "hung"):
+            time.sleep(3600)
+
+    probe(hang_after_done)
+    fns = [functools.partial(FailingWhenArmed, i, str(armed)) for i in range(4)]
+    envs = shmvec.ShmVecEnv(fns, num_workers=2, timeout=3.0, context="fork")
+    try:
+        envs.reset(seed=0)
+        armed.touch()
+        with pytest.raises(shmvec.WorkerError, match="env 0 fails as armed"):
             envs.step(np.zeros(4, np.int64))
     finally:
         envs.close()
