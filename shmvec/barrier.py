@@ -27,7 +27,7 @@ from typing import Any
 
 from shmvec.protocol import DONE
 
-__all__ = ["FENCE_IR", "KIND", "assembly", "counter", "fence", "prepare"]
+__all__ = ["FENCE_IR", "KIND", "assembly", "counter", "fence", "jit", "prepare"]
 
 # Architectures whose stores are seen in program order, where a locked instruction is a full barrier.
 STRONGLY_ORDERED = {"x86_64", "amd64", "i386", "i686", "x86"}
@@ -95,8 +95,24 @@ def _lock_fence() -> None:
     _lock.release()
 
 
-_engine = None  # the compiled functions' JIT engine, kept alive with them
+_engines: list = []  # every JIT engine of this process, kept alive with its functions
 _compiled: dict[str, Any] = {}  # the ctypes functions, and the count's line pointer
+
+
+def jit(ir: str) -> Any:
+    """An LLVM engine holding ``ir`` compiled for this machine (kept for the process's life):
+    its functions' addresses, for ctypes, come from ``get_function_address``.
+    """
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    module = llvm.parse_assembly(ir)
+    module.verify()
+    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
+    engine.finalize_object()
+    _engines.append(engine)
+    return engine
 
 
 def _compile() -> dict[str, Any]:
@@ -107,18 +123,10 @@ def _compile() -> dict[str, Any]:
         return _compiled
     import ctypes
 
-    import llvmlite.binding as llvm
-
-    global _engine
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    module = llvm.parse_assembly(FENCE_IR)
-    module.verify()
-    _engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
-    _engine.finalize_object()
-    _compiled["fence"] = ctypes.CFUNCTYPE(None)(_engine.get_function_address("shmvec_fence"))
-    _compiled["count"] = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(_engine.get_function_address("shmvec_count"))
-    _compiled["line"] = ctypes.c_void_p.from_address(_engine.get_global_value_address("shmvec_line"))
+    engine = jit(FENCE_IR)
+    _compiled["fence"] = ctypes.CFUNCTYPE(None)(engine.get_function_address("shmvec_fence"))
+    _compiled["count"] = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(engine.get_function_address("shmvec_count"))
+    _compiled["line"] = ctypes.c_void_p.from_address(engine.get_global_value_address("shmvec_line"))
     return _compiled
 
 

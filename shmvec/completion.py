@@ -14,9 +14,10 @@ from collections.abc import Callable
 from shmvec import probes
 from shmvec import protocol as P
 from shmvec.barrier import fence
+from shmvec.broadcast import BroadcastRound
 from shmvec.processes import WorkerProcesses
-from shmvec.protocol import ANY_BLOCK, DONE, SLEEPING, at_count, for_block
-from shmvec.sync import POLL_S, SpinPolicy, block_until, drain, readable, spin_until
+from shmvec.protocol import ANY_BLOCK, DONE, at_count, for_block
+from shmvec.sync import SpinPolicy, block_until, readable, spin_until
 
 __all__ = ["Completion", "Failures", "SENTINEL_CHECK_S"]
 
@@ -37,10 +38,12 @@ class Completion:
         Their processes: sentinels, the done pipe, and what stops or reports a lost one.
     num_workers : int
     policy : SpinPolicy
-        How main spins before it blocks.
+        How main spins before it blocks (the compiled broadcast round keeps its own budget).
     target, submitted, commands : list
         The pool's per-block records (shared, not copied): the sequence number each block
         must reach, when it was submitted, its command.
+    round_ : BroadcastRound
+        The compiled broadcast round, whose wait :meth:`wait_counted` runs.
     """
 
     def __init__(
@@ -52,8 +55,10 @@ class Completion:
         target: list[int],
         submitted: list[float],
         commands: list[int],
+        round_: BroadcastRound,
     ) -> None:
         self.lines, self.main_line, self.workers, self.policy = lines, lines[-1], workers, policy
+        self.round = round_
         self.worker_blocks = list(range(num_workers))
         self.target, self.submitted, self.commands = target, submitted, commands
         # The round in flight for every worker: [its sequence number (None: the blocks' targets
@@ -108,54 +113,21 @@ class Completion:
         self._wait_out(block_ids, count, timeout, failures, every, counted, done, wake, t0)
 
     def wait_counted(self, seq: int, timeout: float | None, failures: Failures) -> None:
-        """Wait for broadcast round ``seq``'s count, just posted (the training loop's round):
-        spin, then sleep until the last worker counted rings main. A worker that dies, or a
-        round past ``timeout``, goes to the general wait, which judges it (``failures``).
+        """Wait for broadcast round ``seq``'s count, just posted (the training loop's round): the
+        compiled round spins, then sleeps until the last worker counted rings main
+        (:meth:`shmvec.broadcast.BroadcastRound.wait`). A worker that dies, or a round past
+        ``timeout``, goes to the general wait, which judges it (``failures``).
         """
         self._round[0], self._round[1], self.counted = seq, 0, True  # (begin)
-        policy, t0 = self.policy, time.perf_counter()
-        if spin_until(self.counted_done, policy) or self._sleep_for_count(timeout):
-            policy.update(time.perf_counter() - t0)
-            fence()  # ordering [DONE]: the count seen before the results are read
-            return
-        workers = self.worker_blocks
-        self._wait_out(workers, len(workers), timeout, failures, True, True, self.counted_done, self._everyone, t0)
+        if not self.round.wait(timeout):
+            self.wait_out_counted(timeout, failures)
 
-    def _sleep_for_count(self, timeout: float | None) -> bool:
-        """Sleep on the done pipe, announced for the round's last count, until the count is
-        complete (True), or until a sentinel says a worker died or ``timeout`` since the round
-        was posted has passed (False). ``block_until``'s handshake, kept announced across
-        wake-ups: only the worker that completes the count rings.
-        """
-        main_line, done_fd, workers = self.main_line, self.workers.done_fd, len(self.worker_blocks)
-        fds = self.workers.done_and_sentinels
-        deadline = None if timeout is None else self.submitted[0] + timeout  # (a broadcast: every block's)
-        probe = probes.probe
-        if probe:
-            probe("main:waited")
-        try:
-            main_line[SLEEPING] = self._everyone
-            fence()  # ordering [SLEEP]: SLEEPING before the count is read
-            if probe:
-                probe("sleep:announced")
-            while main_line[DONE] & 0xFFFF != workers:  # (protocol.counted)
-                wait = POLL_S
-                if deadline is not None:
-                    wait = min(wait, deadline - time.perf_counter())
-                    if wait <= 0:
-                        return False
-                ready = readable(fds, wait)
-                if probe:
-                    probe("sleep:woken")
-                if ready:
-                    if len(ready) > 1 or ready[0] != done_fd:
-                        return False
-                    drain(done_fd)
-        finally:
-            main_line[SLEEPING] = 0
-        if probe:
-            probe("main:seen")
-        return True
+    def wait_out_counted(self, timeout: float | None, failures: Failures) -> None:
+        """The rest of a broadcast round's wait, begun and found not done by the compiled round."""
+        workers = self.worker_blocks
+        self._wait_out(
+            workers, len(workers), timeout, failures, True, True, self.counted_done, self._everyone, time.perf_counter()
+        )
 
     def _wait_out(
         self,

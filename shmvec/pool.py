@@ -27,6 +27,7 @@ from shmvec import protocol as P
 from shmvec.barrier import fence
 from shmvec.barrier import prepare as prepare_barrier
 from shmvec.blocks import split
+from shmvec.broadcast import NOT_DONE, QUIET, BroadcastRound
 from shmvec.checks import usable_cores
 from shmvec.completion import Completion, Failures
 from shmvec.errors import ClosedError, WorkerError
@@ -111,11 +112,13 @@ class WorkerPool:
         self.seq = 0
         self.states = [BlockState.IDLE] * num_blocks
         self._idle = [BlockState.IDLE] * num_workers  # (the workers' states after a synchronous round)
+        self._workers = num_workers
         self._target = [0] * num_blocks
         self.commands: list[int] = [0] * num_blocks
         self._submitted = [0.0] * num_blocks
         self.posting: Posting  # how rounds are posted, and
         self.completion: Completion  # how their ends are known (see _lay_out)
+        self.round: BroadcastRound  # the broadcast round, compiled (both use it)
 
         prepare_barrier()  # (the workers' count, compiled once here: forked workers inherit it)
         self.joining = Joining(
@@ -150,9 +153,17 @@ class WorkerPool:
         self.main_line = self.lines[len(self.blocks)]
         self.replies = Replies(self.layout, self.views, self.lines, self.workers, self.blocks, self.commands)
         workers = len(self.worker_blocks)
-        self.posting = Posting(self.lines, self.workers, workers)
+        self.round = BroadcastRound(self.views["ctrl"], self.workers, workers, self._wait_policy)
+        self.posting = Posting(self.lines, self.workers, workers, self.round)
         self.completion = Completion(
-            self.lines, self.workers, workers, self._wait_policy, self._target, self._submitted, self.commands
+            self.lines,
+            self.workers,
+            workers,
+            self._wait_policy,
+            self._target,
+            self._submitted,
+            self.commands,
+            self.round,
         )
         return Segments(segment, self.attached)
 
@@ -417,22 +428,36 @@ class WorkerPool:
     def _broadcast(self, cmd: int, arg: int, timeout: float | None) -> tuple[list, Failures]:
         """:meth:`run` of one command for every worker, with no payload and no main block: the
         training loop's round, :meth:`submit` and :meth:`wait` cut to what a broadcast needs.
+        The compiled round posts it and waits; the per-block records are written only for a
+        round that needs them (a reply to collect, a fault to judge, a Ctrl-C).
         """
-        ids = self.worker_blocks
-        n = len(ids)
         seq = self.seq = self.seq + 1
-        self._target[:n] = [seq] * n
-        self._submitted[:n] = [time.perf_counter()] * n
-        self.commands[:n] = [cmd] * n
-        self.states[:n] = self._idle
-        failures: Failures = {}
+        posted_at = time.perf_counter()
+        self.states[: self._workers] = self._idle
+        self.posting.broadcast = True
+        completion = self.completion
+        round_ = completion._round
+        round_[0], round_[1], completion.counted = seq, 0, True  # (Completion.begin)
         try:
-            self.posting.post_broadcast(cmd, arg, seq)
-            self.completion.wait_counted(seq, timeout, failures)
+            code = self.round.run(cmd, arg, seq, timeout)
+            if code == QUIET:  # every worker done, none replied: nothing to collect
+                return [None] * len(self.blocks), {}
+            self._record(cmd, seq, posted_at)
+            failures: Failures = {}
+            if code == NOT_DONE:  # the general wait judges it
+                completion.wait_out_counted(timeout, failures)
         except KeyboardInterrupt:  # (as in run)
-            self._interrupted(ids, seq)
+            self._record(cmd, seq, posted_at)
+            self._interrupted(self.worker_blocks, seq)
             raise
-        return self._collect(ids, failures, timeout)
+        return self._collect(self.worker_blocks, failures, timeout)
+
+    def _record(self, cmd: int, seq: int, posted_at: float) -> None:
+        """The per-block records of broadcast round ``seq``, as :meth:`submit` writes them."""
+        n = self._workers
+        self._target[:n] = [seq] * n
+        self._submitted[:n] = [posted_at] * n
+        self.commands[:n] = [cmd] * n
 
     def _collect(self, ids: list[int], failures: Failures, timeout: float | None) -> tuple[list, Failures]:
         """The replies of a synchronous round on ``ids`` that ended with ``failures``: ``run``'s
@@ -493,4 +518,4 @@ class WorkerPool:
         self.lines = []
         self._segment = None
         # (the control lines' views they hold)
-        self.posting = self.completion = self.main_line = self.replies = None  # type: ignore[assignment]
+        self.posting = self.completion = self.round = self.main_line = self.replies = None  # type: ignore[assignment]

@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from shmvec import probes
 from shmvec import protocol as P
 from shmvec.barrier import fence
+from shmvec.broadcast import BroadcastRound
 from shmvec.errors import PayloadError
 from shmvec.processes import WorkerProcesses
-from shmvec.protocol import DONE, count_base
 from shmvec.sync import ring
 
 __all__ = ["Posting", "pickle_payloads", "sigint_held"]
@@ -76,10 +76,11 @@ def sigint_held() -> Iterator[None]:
 class Posting:
     """How main posts rounds to its worker blocks (``lines``: their control lines, then main's)."""
 
-    def __init__(self, lines: list[memoryview], workers: WorkerProcesses, num_workers: int) -> None:
-        self.lines, self.main_line, self.workers = lines, lines[-1], workers
+    def __init__(
+        self, lines: list[memoryview], workers: WorkerProcesses, num_workers: int, round_: BroadcastRound
+    ) -> None:
+        self.lines, self.main_line, self.workers, self.round = lines, lines[-1], workers, round_
         self.num_workers = num_workers
-        self.roots = P.relay_children(None, num_workers)  # the workers main wakes in a broadcast round
         self.broadcast = False  # the last round posted was a broadcast
 
     def post(
@@ -132,26 +133,11 @@ class Posting:
     def post_broadcast(self, cmd: int, arg: int, seq: int) -> None:
         """Post round ``seq`` as a broadcast: ``cmd`` with ``arg`` to every worker at once, on
         main's line, with at most ``protocol.ROOTS`` wake-ups (the tree's roots; the workers
-        relay the others, ``protocol.relay_children``).
+        relay the others, ``protocol.relay_children``). The compiled round posts it
+        (:meth:`shmvec.broadcast.BroadcastRound.post`).
         """
-        probe = probes.probe
-        main_line = self.main_line
-        main_line[P.CMD] = cmd
-        main_line[P.ARG] = arg
-        # The round's count, tagged with it: a late worker of an earlier round cannot count here.
-        main_line[DONE] = count_base(seq)
         self.broadcast = True
-        if probe:
-            probe("main:post")
-        fence()  # ordering [GO]: the actions, the command words and the count before the broadcast GO
-        main_line[P.GO] = seq
-        if probe:
-            probe("main:posted")
-        fence()  # ordering [SLEEP]: the broadcast GO before reading the tree's roots' SLEEPING
-        lines, wake_fds = self.lines, self.workers.wake_fds
-        for block in self.roots:
-            if lines[block][P.SLEEPING]:
-                ring(wake_fds[block])
+        self.round.post(cmd, arg, seq)
 
     def _send(self, block_ids: list[int], blobs: dict[int, bytes], fd: int | None) -> None:
         """Send each block of ``block_ids`` its pickled payload (and ``fd`` after it)."""

@@ -19,6 +19,7 @@ from shmvec import protocol as P
 from shmvec import start_methods
 from shmvec.errors import StepTimeout, WorkerDied, WorkerError
 from shmvec.registrations import carried
+from shmvec.sync import poll_array
 from shmvec.worker import worker_main
 
 # Seconds between looks at a worker's liveness while waiting for a message on its pipe.
@@ -100,8 +101,10 @@ class WorkerProcesses:
         done_r, done_w = Pipe(duplex=False)
         self._done_conns = (done_r, done_w)  # done_w stays open: restarted workers get it too
         self.done_fd: int = done_r.fileno()  # read end of the pipe every worker rings when done
-        # What a wait for every worker watches: the done pipe, then each worker's sentinel.
-        self.done_and_sentinels: list[int] = [self.done_fd, *self.sentinels]
+        # What the compiled broadcast round's sleep watches: the done pipe, then each worker's
+        # sentinel (poll(2)'s struct pollfd array, kept up to date at each start).
+        self.watched = poll_array(1 + count)
+        self.watched["fd"][0] = self.done_fd
         os.set_blocking(self.done_fd, False)
         os.set_blocking(done_w.fileno(), False)
 
@@ -164,7 +167,7 @@ class WorkerProcesses:
             raise WorkerDied(block, None, self.block_envs[block], cause + _main_guard_hint(method)) from exc
         child_conn.close()
         self.procs[block], self.conns[block], self.sentinels[block] = proc, parent_conn, proc.sentinel
-        self.done_and_sentinels[1 + block] = proc.sentinel
+        self.watched["fd"][1 + block] = proc.sentinel
         self.methods[block] = method
 
     def spaces(self, block: int, deadline: float | None) -> P.Spaces:

@@ -21,6 +21,8 @@ import select
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from shmvec import probes
 from shmvec.barrier import fence
 from shmvec.protocol import SLEEPING
@@ -119,6 +121,14 @@ def readable(fds: list[int], timeout: float | None) -> list[int]:
     """
     ready, _, _ = select.select(fds, [], [], timeout)
     return ready
+
+
+def poll_array(count: int) -> np.ndarray:
+    """``count`` of poll(2)'s ``struct pollfd``, each waiting to read (no descriptor: -1)."""
+    fds = np.zeros(count, dtype=np.dtype([("fd", np.int32), ("events", np.int16), ("revents", np.int16)]))
+    fds["fd"] = -1
+    fds["events"] = 1  # POLLIN (1 on Linux and macOS)
+    return fds
 
 
 def spin_until(done: Callable[[], bool], policy: SpinPolicy) -> bool:

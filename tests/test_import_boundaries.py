@@ -20,7 +20,7 @@ SIDES = {
     "wire": ["protocol", "probes", "layout", "segment", "barrier", "sync", "tree", "blocks", "errors"],
     "worker": ["worker", "stepper", "worker_threads", "snapshot", "info_columns", "registrations"],
     "engine": [
-        "checks", "options", "lifecycle", "start_methods", "processes", "joining", "posting", "completion", "main_block", "replies", "pool",
+        "checks", "options", "lifecycle", "start_methods", "processes", "joining", "broadcast", "posting", "completion", "main_block", "replies", "pool",
         "session", "results", "infos", "actions",
         "async_batches", "torch_threads", "rollout_storage", "step_hooks", "cpu_counters",
     ],

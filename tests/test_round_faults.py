@@ -21,6 +21,7 @@ from counting import BUILT, CountingEnv, Rows, counting_fns
 import shmvec
 from shmvec import probes
 from shmvec.pool import BlockState
+from shmvec.protocol import SLEEPING
 
 pytestmark = pytest.mark.timeout(120)  # a hang fails here, not at the suite's limit
 
@@ -269,6 +270,85 @@ def test_ctrl_c_in_send_marks_exactly_the_blocks_posted(where, in_flight, probe)
             *out, got = envs.recv()
             assert got.tolist() == ids
             rows.step(*out, env_ids=got)
+    finally:
+        envs.close()
+
+
+# -- 3b. each step of the compiled broadcast round -----------------------------------------------------
+# The caller's points of a broadcast step, in order (shmvec.broadcast.POINTS): the compiled round
+# calls the probe back at each, so these tests strike the code a training loop runs.
+MAIN_POINTS = ["main:post", "main:posted", "ring", "main:waited", "sleep:announced", "sleep:woken", "main:seen"]
+
+
+def test_the_caller_points_are_the_compiled_rounds():
+    from shmvec import broadcast
+
+    assert list(broadcast.POINTS) == MAIN_POINTS
+    assert set(MAIN_POINTS) <= probes.POINTS
+
+
+def sleeping_workers_step(envs, actions) -> tuple:
+    """A step after the workers have given up spinning (the round rings them) that takes long
+    enough for the caller to sleep (action 1: 50 ms)."""
+    time.sleep(0.02)
+    return envs.step(actions)
+
+
+@pytest.mark.usefixtures("sigint_handled")
+@pytest.mark.parametrize("where", MAIN_POINTS)
+def test_ctrl_c_at_each_step_of_a_broadcast_round(where, probe):
+    """SIGINT at each of the caller's points of a broadcast step: the step raises
+    KeyboardInterrupt there; the workers are in flight exactly when its GO was stored, main's
+    SLEEPING is cleared, and after a reset the env steps on with every row right."""
+    armed = [False]
+    probe(interrupt_at(where, armed))
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, context="fork")
+    try:
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        armed[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            sleeping_workers_step(envs, np.ones(4, np.int64))
+        assert not armed[0]  # (the point was reached)
+        pool = envs._session.pool
+        posted = where != "main:post"
+        assert pool.states == [BlockState.IN_FLIGHT if posted else BlockState.IDLE] * 2
+        assert pool.main_line[SLEEPING] == 0
+        rows.reset(envs.reset(seed=1)[0])
+        steps(envs, rows, 3)
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("where", MAIN_POINTS)
+def test_a_worker_killed_at_each_step_of_a_broadcast_round_is_restarted(where, probe):
+    """Worker 0 is killed while the caller is at each of its points of a broadcast step: that
+    step (or, killed once its count was complete, the next) restarts block 0, and every row stays
+    right."""
+    armed = [False]
+
+    def kill_worker_0(point):
+        if point == where and armed[0]:
+            armed[0] = False
+            os.kill(pids[0], signal.SIGKILL)
+            os.waitid(os.P_PID, pids[0], os.WEXITED | os.WNOWAIT)  # (dead before the round goes on)
+
+    probe(kill_worker_0)
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, on_error="restart", context="fork")
+    try:
+        pids = envs.worker_pids
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        armed[0] = True
+        restarted = []
+        for _ in range(2):
+            out = sleeping_workers_step(envs, np.ones(4, np.int64))
+            restarted.append(out[4]["restarted"].tolist() if "restarted" in out[4] else [False] * 4)
+            rows.step(*out)
+        assert not armed[0]
+        assert [True, True, False, False] in restarted
+        assert [r[0] for r in envs.restarts] == [0]
+        steps(envs, rows, 3)
     finally:
         envs.close()
 

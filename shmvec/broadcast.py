@@ -1,0 +1,495 @@
+"""Main's side of a broadcast round compiled to machine code: post it, wake the tree's roots,
+spin, then sleep until the last worker's count, in one call that holds no Python objects.
+
+A broadcast round (one command for every worker, no payload: every ``step`` of a training
+loop) is the round whose caller's work bounds a fast env's throughput. Done in Python, its
+posting, spinning and sleeping took about 27,000 instructions a round; here they take a
+ctypes call. The code is LLVM IR compiled by llvmlite (numba's backend, always installed with
+shmvec, :func:`shmvec.barrier.jit`), run on a *plan*: an int64 array this module fills once per
+pool (the control line's address, the roots' wake pipes, the descriptors to watch) and per
+round (the command, its argument and number, the timeout).
+
+It does what the Python waits do, in the same order, with the same barriers
+(``docs/architecture.md``, "Memory ordering": [GO], [SLEEP], [DONE]) and the same probe
+points. It never judges a fault: when a worker's sentinel becomes readable, the timeout passes,
+a signal interrupts the sleep or a whole ``POLL_S`` goes by without a wake-up, it returns "not
+done" and the general wait (``Completion``) takes the round from there, in Python, where a
+KeyboardInterrupt is raised and each worker judged.
+
+An installed probe (:mod:`shmvec.probes`) is called back at each point, so that the fault
+tests pause, kill and interrupt this code, not a copy of it; an exception it raises comes out
+of the call that posted or waited.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import Any
+
+import numpy as np
+
+from shmvec import probes
+from shmvec import protocol as P
+from shmvec.barrier import jit
+from shmvec.processes import WorkerProcesses
+from shmvec.sync import POLL_S, SpinPolicy
+
+__all__ = ["BroadcastRound", "DONE", "NOT_DONE", "QUIET"]
+
+# What the compiled functions return. Done: the round's count is complete, and its results may
+# be read (the [DONE] barrier is passed).
+QUIET = 0  # done, and no worker's status says that a reply or an error report follows (protocol.not_ok)
+DONE = 1  # done, and some worker's does
+NOT_DONE = 2  # a sentinel, the timeout, a signal or a quiet POLL_S: the general wait goes on
+RAISED = 3  # a probe raised: its exception is re-raised
+
+# The plan's words: per pool, then per round (written by the caller before each call), then the
+# broadcast round's own spin budget (SpinPolicy's rule, kept here), then the roots.
+MAIN, WORKERS, FDS, NFDS, MAX_SPIN, MIN_SPIN, YIELD_EVERY, NROOTS = range(8)
+CMD, ARG, SEQ, TIMEOUT, PROBE, POSTED_AT, BUDGET = range(8, 15)
+ROOTS_AT = 15  # then, for each root, the address of its SLEEPING word and its wake pipe's write end
+WORDS = ROOTS_AT + 2 * P.ROOTS
+
+# The probe points, by number (the compiled code's argument to the callback).
+POINTS = ("main:post", "main:posted", "ring", "main:waited", "sleep:announced", "sleep:woken", "main:seen")
+
+_IR = """
+declare i32 @clock_gettime(i32, ptr)
+declare i32 @poll(ptr, i64, i32)
+declare i64 @write(i32, ptr, i64)
+declare i64 @read(i32, ptr, i64)
+declare i32 @sched_yield()
+
+@one = internal constant i8 1
+@sink = internal global [64 x i8] zeroinitializer
+
+define internal i64 @word(ptr %plan, i64 %i) alwaysinline {
+  %p = getelementptr i64, ptr %plan, i64 %i
+  %v = load i64, ptr %p
+  ret i64 %v
+}
+
+define internal void @set(ptr %plan, i64 %i, i64 %v) alwaysinline {
+  %p = getelementptr i64, ptr %plan, i64 %i
+  store i64 %v, ptr %p
+  ret void
+}
+
+; A word of main's control line (shared: every access is one atomic access, never merged or hoisted).
+define internal ptr @line(ptr %plan, i64 %i) alwaysinline {
+  %a = call i64 @word(ptr %plan, i64 @MAIN)
+  %l = inttoptr i64 %a to ptr
+  %p = getelementptr i64, ptr %l, i64 %i
+  ret ptr %p
+}
+
+define internal i64 @now() {
+  %ts = alloca [2 x i64], align 8
+  %r = call i32 @clock_gettime(i32 @CLOCK, ptr %ts)
+  %sec = load i64, ptr %ts
+  %np = getelementptr i64, ptr %ts, i64 1
+  %ns = load i64, ptr %np
+  %s = mul i64 %sec, 1000000000
+  %t = add i64 %s, %ns
+  ret i64 %t
+}
+
+; Calls the probe, if one is installed, at point %point: true if it raised.
+define internal i1 @probe(ptr %plan, i64 %point) {
+entry:
+  %f = call i64 @word(ptr %plan, i64 @PROBE)
+  %none = icmp eq i64 %f, 0
+  br i1 %none, label %no, label %call
+call:
+  %fn = inttoptr i64 %f to ptr
+  %r = call i32 %fn(i64 %point)
+  %raised = icmp ne i32 %r, 0
+  ret i1 %raised
+no:
+  ret i1 false
+}
+
+; The round's count complete (protocol.counted of main's DONE: the workers done).
+define internal i1 @counted(ptr %plan) alwaysinline {
+  %w = call ptr @line(ptr %plan, i64 @DONE)
+  %v = load atomic i64, ptr %w monotonic, align 8
+  %n = and i64 %v, 65535
+  %workers = call i64 @word(ptr %plan, i64 @WORKERS)
+  %d = icmp eq i64 %n, %workers
+  ret i1 %d
+}
+
+; The round done: the [DONE] barrier, then whether any worker is not OK (protocol.not_ok; its
+; count's word no longer changes this round).
+define internal i64 @finish(ptr %plan) {
+  fence seq_cst
+  %w = call ptr @line(ptr %plan, i64 @DONE)
+  %v = load atomic i64, ptr %w monotonic, align 8
+  %bad = and i64 %v, 4294901760
+  %some = icmp ne i64 %bad, 0
+  %code = select i1 %some, i64 @DONE_CODE, i64 @QUIET
+  ret i64 %code
+}
+
+; Posting.post_broadcast: the command words and the round's tagged count, [GO], GO, [SLEEP], the roots' wake-ups.
+define internal i64 @post(ptr %plan) {
+entry:
+  %cmd = call i64 @word(ptr %plan, i64 @CMD)
+  %arg = call i64 @word(ptr %plan, i64 @ARG)
+  %seq = call i64 @word(ptr %plan, i64 @SEQ)
+  %t0 = call i64 @now()
+  call void @set(ptr %plan, i64 @POSTED_AT, i64 %t0)
+  %wc = call ptr @line(ptr %plan, i64 @CMDWORD)
+  store atomic i64 %cmd, ptr %wc monotonic, align 8
+  %wa = call ptr @line(ptr %plan, i64 @ARGWORD)
+  store atomic i64 %arg, ptr %wa monotonic, align 8
+  %low = and i64 %seq, 2147483647
+  %tag = shl i64 %low, 32
+  %wd = call ptr @line(ptr %plan, i64 @DONE)
+  store atomic i64 %tag, ptr %wd monotonic, align 8
+  %p0 = call i1 @probe(ptr %plan, i64 0)
+  br i1 %p0, label %raised, label %go
+go:
+  fence seq_cst
+  %wg = call ptr @line(ptr %plan, i64 @GO)
+  store atomic i64 %seq, ptr %wg monotonic, align 8
+  %p1 = call i1 @probe(ptr %plan, i64 1)
+  br i1 %p1, label %raised, label %posted
+posted:
+  fence seq_cst
+  %nroots = call i64 @word(ptr %plan, i64 @NROOTS)
+  br label %roots
+roots:
+  %i = phi i64 [ 0, %posted ], [ %next, %step ]
+  %more = icmp slt i64 %i, %nroots
+  br i1 %more, label %look, label %out
+look:
+  %k = mul i64 %i, 2
+  %ka = add i64 %k, @ROOTS_AT
+  %sa = call i64 @word(ptr %plan, i64 %ka)
+  %sp = inttoptr i64 %sa to ptr
+  %s = load atomic i64, ptr %sp monotonic, align 8
+  %next = add i64 %i, 1
+  %asleep = icmp ne i64 %s, 0
+  br i1 %asleep, label %ring, label %step
+ring:
+  %p2 = call i1 @probe(ptr %plan, i64 2)
+  br i1 %p2, label %raised, label %write
+write:
+  %kf = add i64 %ka, 1
+  %fd64 = call i64 @word(ptr %plan, i64 %kf)
+  %fd = trunc i64 %fd64 to i32
+  %written = call i64 @write(i32 %fd, ptr @one, i64 1)
+  br label %step
+step:
+  br label %roots
+out:
+  ret i64 0
+raised:
+  ret i64 @RAISED
+}
+
+; Completion.wait_counted: spin for the budget, then sleep announced for the last count.
+define internal i64 @wait(ptr %plan) {
+entry:
+  %maxspin = call i64 @word(ptr %plan, i64 @MAX_SPIN)
+  %minspin = call i64 @word(ptr %plan, i64 @MIN_SPIN)
+  %at_once = call i1 @counted(ptr %plan)
+  br i1 %at_once, label %quick, label %timed
+quick:
+  call void @set(ptr %plan, i64 @BUDGET, i64 %maxspin)
+  %q = call i64 @finish(ptr %plan)
+  ret i64 %q
+timed:
+  %start = call i64 @now()
+  %budget = call i64 @word(ptr %plan, i64 @BUDGET)
+  %end = add i64 %start, %budget
+  %every = call i64 @word(ptr %plan, i64 @YIELD_EVERY)
+  br label %spin
+spin:
+  %i = phi i64 [ 0, %timed ], [ %i1, %spun ]
+  %t = call i64 @now()
+  %over = icmp sge i64 %t, %end
+  br i1 %over, label %sleep, label %test
+test:
+  %d = call i1 @counted(ptr %plan)
+  br i1 %d, label %done, label %tally
+tally:
+  %i1 = add i64 %i, 1
+  %yields = icmp sgt i64 %every, 0
+  br i1 %yields, label %modulo, label %spun
+modulo:
+  %m = urem i64 %i1, %every
+  %due = icmp eq i64 %m, 0
+  br i1 %due, label %yield, label %spun
+yield:
+  %y = call i32 @sched_yield()
+  br label %spun
+spun:
+  br label %spin
+sleep:
+  %p3 = call i1 @probe(ptr %plan, i64 3)
+  br i1 %p3, label %raised, label %announce
+announce:
+  %workers = call i64 @word(ptr %plan, i64 @WORKERS)
+  %named = sub i64 -1, %workers
+  %ws = call ptr @line(ptr %plan, i64 @SLEEPING)
+  store atomic i64 %named, ptr %ws monotonic, align 8
+  fence seq_cst
+  %p4 = call i1 @probe(ptr %plan, i64 4)
+  br i1 %p4, label %cleared, label %setup
+setup:
+  %timeout = call i64 @word(ptr %plan, i64 @TIMEOUT)
+  %postedat = call i64 @word(ptr %plan, i64 @POSTED_AT)
+  %deadline = add i64 %postedat, %timeout
+  %fdsa = call i64 @word(ptr %plan, i64 @FDS)
+  %fds = inttoptr i64 %fdsa to ptr
+  %nfds = call i64 @word(ptr %plan, i64 @NFDS)
+  %donefd = load i32, ptr %fds
+  %rev0p = getelementptr i8, ptr %fds, i64 6
+  br label %watch
+watch:
+  %d2 = call i1 @counted(ptr %plan)
+  br i1 %d2, label %woke, label %chunk
+chunk:
+  %forever = icmp slt i64 %timeout, 0
+  br i1 %forever, label %sleeping, label %bounded
+bounded:
+  %tn = call i64 @now()
+  %rem = sub i64 %deadline, %tn
+  %gone = icmp sle i64 %rem, 0
+  br i1 %gone, label %notdone, label %bounded2
+bounded2:
+  %remup = add i64 %rem, 999999
+  %remms = sdiv i64 %remup, 1000000
+  %less = icmp slt i64 %remms, @POLL_MS
+  %msb = select i1 %less, i64 %remms, i64 @POLL_MS
+  br label %sleeping
+sleeping:
+  %ms = phi i64 [ @POLL_MS, %chunk ], [ %msb, %bounded2 ]
+  %ms32 = trunc i64 %ms to i32
+  %r = call i32 @poll(ptr %fds, i64 %nfds, i32 %ms32)
+  %p5 = call i1 @probe(ptr %plan, i64 5)
+  br i1 %p5, label %cleared, label %judge
+judge:
+  %quiet = icmp sle i32 %r, 0
+  br i1 %quiet, label %notdone, label %rang
+rang:
+  %rev0 = load i16, ptr %rev0p
+  %isdone = icmp ne i16 %rev0, 0
+  br i1 %isdone, label %drain, label %sentinels
+drain:
+  %got = call i64 @read(i32 %donefd, ptr @sink, i64 64)
+  %full = icmp eq i64 %got, 64
+  br i1 %full, label %drain, label %sentinels
+sentinels:
+  %j = phi i64 [ 1, %rang ], [ 1, %drain ], [ %j1, %alive ]
+  %jmore = icmp slt i64 %j, %nfds
+  br i1 %jmore, label %sentinel, label %watch
+sentinel:
+  %off = mul i64 %j, 8
+  %off6 = add i64 %off, 6
+  %revp = getelementptr i8, ptr %fds, i64 %off6
+  %rev = load i16, ptr %revp
+  %j1 = add i64 %j, 1
+  %dead = icmp ne i16 %rev, 0
+  br i1 %dead, label %notdone, label %alive
+alive:
+  br label %sentinels
+woke:
+  store atomic i64 0, ptr %ws monotonic, align 8
+  %p6 = call i1 @probe(ptr %plan, i64 6)
+  br i1 %p6, label %raised, label %done
+done:
+  %tend = call i64 @now()
+  %waited = sub i64 %tend, %start
+  %short = icmp sle i64 %waited, %maxspin
+  %nextbudget = select i1 %short, i64 %maxspin, i64 %minspin
+  call void @set(ptr %plan, i64 @BUDGET, i64 %nextbudget)
+  %f = call i64 @finish(ptr %plan)
+  ret i64 %f
+notdone:
+  store atomic i64 0, ptr %ws monotonic, align 8
+  call void @set(ptr %plan, i64 @BUDGET, i64 %minspin)
+  ret i64 @NOT_DONE
+cleared:
+  store atomic i64 0, ptr %ws monotonic, align 8
+  br label %raised
+raised:
+  ret i64 @RAISED
+}
+
+define i64 @shmvec_post(i64 %plan) {
+  %p = inttoptr i64 %plan to ptr
+  %r = call i64 @post(ptr %p)
+  ret i64 %r
+}
+
+define i64 @shmvec_wait(i64 %plan) {
+  %p = inttoptr i64 %plan to ptr
+  %r = call i64 @wait(ptr %p)
+  ret i64 %r
+}
+
+define i64 @shmvec_round(i64 %plan) {
+entry:
+  %p = inttoptr i64 %plan to ptr
+  %r = call i64 @post(ptr %p)
+  %ok = icmp eq i64 %r, 0
+  br i1 %ok, label %wait, label %out
+wait:
+  %w = call i64 @wait(ptr %p)
+  ret i64 %w
+out:
+  ret i64 %r
+}
+"""
+
+_NAMES = {
+    "MAIN": MAIN,
+    "WORKERS": WORKERS,
+    "FDS": FDS,
+    "NFDS": NFDS,
+    "MAX_SPIN": MAX_SPIN,
+    "MIN_SPIN": MIN_SPIN,
+    "YIELD_EVERY": YIELD_EVERY,
+    "NROOTS": NROOTS,
+    "CMD": CMD,
+    "ARG": ARG,
+    "SEQ": SEQ,
+    "TIMEOUT": TIMEOUT,
+    "PROBE": PROBE,
+    "POSTED_AT": POSTED_AT,
+    "BUDGET": BUDGET,
+    "ROOTS_AT": ROOTS_AT,
+    "CMDWORD": P.CMD,
+    "ARGWORD": P.ARG,
+    "GO": P.GO,
+    "DONE": P.DONE,
+    "SLEEPING": P.SLEEPING,
+    "DONE_CODE": DONE,
+    "QUIET": QUIET,
+    "NOT_DONE": NOT_DONE,
+    "RAISED": RAISED,
+    "POLL_MS": round(POLL_S * 1000),
+    "CLOCK": time.CLOCK_MONOTONIC,
+}
+
+
+def ir() -> str:
+    """The round's LLVM IR, its constants filled in (longest names first: none is cut short)."""
+    text = _IR
+    for name in sorted(_NAMES, key=len, reverse=True):
+        text = text.replace("@" + name, str(_NAMES[name]))
+    return text
+
+
+_functions: dict[str, Any] = {}
+_raised: list[BaseException] = []  # what a probe raised, for the call that ran it to re-raise
+
+
+def _call_probe(point: int) -> int:
+    """The compiled code's way to a probe: 1 if it raised (kept in ``_raised``), else 0."""
+    try:
+        probe = probes.probe
+        if probe:
+            probe(POINTS[point])
+    except BaseException as exc:  # a Ctrl-C or a test's exception: raised by the call that posted or waited
+        _raised.append(exc)
+        return 1
+    return 0
+
+
+def _compiled() -> dict[str, Any]:
+    """The round's functions, compiled once per process (about 0.1 s; forked workers, which never
+    post a round, inherit them unused).
+    """
+    if not _functions:
+        engine = jit(ir())
+        kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)  # releases the GIL while it runs
+        for name in ("post", "wait", "round"):
+            _functions[name] = kind(engine.get_function_address("shmvec_" + name))
+        callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64)(_call_probe)
+        _functions["probe"] = callback  # (kept alive: the compiled code holds its address)
+        _functions["probe_address"] = ctypes.cast(callback, ctypes.c_void_p).value
+    return _functions
+
+
+class BroadcastRound:
+    """The compiled broadcast round of one pool.
+
+    Parameters
+    ----------
+    ctrl : numpy.ndarray
+        The pool's control lines, int64 ``[blocks + 1, 8]`` in the shared segment (main's last);
+        held, so that the mapping outlives every call.
+    workers : WorkerProcesses
+        Their wake pipes (the roots') and ``watched``, the done pipe and every sentinel.
+    num_workers : int
+    policy : SpinPolicy
+        Main's: its budgets seed this round's own.
+    """
+
+    def __init__(self, ctrl: np.ndarray, workers: WorkerProcesses, num_workers: int, policy: SpinPolicy) -> None:
+        functions = _compiled()
+        self._post, self._wait, self._round = functions["post"], functions["wait"], functions["round"]
+        self._probe_address = functions["probe_address"]
+        self._ctrl, self._watched = ctrl, workers.watched  # (held: the plan points into both)
+        words = self._words = np.zeros(WORDS, dtype=np.int64)
+        plan = self.plan = memoryview(words)
+        plan[MAIN] = ctrl[-1].ctypes.data
+        plan[WORKERS] = num_workers
+        plan[FDS], plan[NFDS] = workers.watched.ctypes.data, len(workers.watched)
+        plan[MAX_SPIN] = plan[BUDGET] = round(policy.max_spin * 1e9)
+        plan[MIN_SPIN] = round(policy.min_spin * 1e9)
+        plan[YIELD_EVERY] = policy.yield_every
+        roots = P.relay_children(None, num_workers)
+        plan[NROOTS] = len(roots)
+        for i, block in enumerate(roots):
+            plan[ROOTS_AT + 2 * i] = ctrl[block].ctypes.data + P.SLEEPING * ctrl.itemsize
+            plan[ROOTS_AT + 2 * i + 1] = workers.wake_fds[block]
+        plan[TIMEOUT], self._timeout = -1, None
+        self._address = ctypes.c_int64(words.ctypes.data)
+
+    def run(self, cmd: int, arg: int, seq: int, timeout: float | None) -> int:
+        """Post round ``seq`` (``cmd`` with ``arg``) and wait for it: :data:`QUIET` or
+        :data:`DONE` once every worker has counted itself done; :data:`NOT_DONE` when the
+        general wait must take it (a worker's sentinel, ``timeout`` since the post, a signal,
+        or ``POLL_S`` with no wake-up).
+        """
+        plan = self.plan
+        plan[CMD], plan[ARG], plan[SEQ] = cmd, arg, seq
+        if timeout != self._timeout:
+            plan[TIMEOUT] = _nanoseconds(timeout)
+            self._timeout = timeout
+        plan[PROBE] = self._probe_address if probes.probe else 0
+        code = self._round(self._address)
+        if code == RAISED:
+            raise _raised.pop()
+        return code
+
+    def post(self, cmd: int, arg: int, seq: int) -> None:
+        """Post round ``seq``, not waiting for it."""
+        plan = self.plan
+        plan[CMD], plan[ARG], plan[SEQ] = cmd, arg, seq
+        plan[PROBE] = self._probe_address if probes.probe else 0
+        if self._post(self._address) == RAISED:
+            raise _raised.pop()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Wait for the round posted last, as :meth:`run` does: whether it is done."""
+        plan = self.plan
+        if timeout != self._timeout:
+            plan[TIMEOUT] = _nanoseconds(timeout)
+            self._timeout = timeout
+        plan[PROBE] = self._probe_address if probes.probe else 0
+        code = self._wait(self._address)
+        if code == RAISED:
+            raise _raised.pop()
+        return code < NOT_DONE
+
+
+def _nanoseconds(timeout: float | None) -> int:
+    """The plan's ``TIMEOUT``: ``timeout`` in nanoseconds (-1: none; capped where it would overflow)."""
+    return -1 if timeout is None else min(int(timeout * 1e9), 1 << 60)
