@@ -42,8 +42,6 @@ from shmvec.segment import Segment
 from shmvec.stepper import close_all
 from shmvec.sync import spin_policies
 
-_STEP = int(Command.STEP)
-
 
 class BlockState(Enum):
     """Where a block stands in the asynchronous API (synchronous rounds leave it IDLE)."""
@@ -60,6 +58,9 @@ class PoolState(Enum):
     OPEN = "open"
     BROKEN = "broken"
     CLOSED = "closed"
+
+
+_OPEN = PoolState.OPEN
 
 
 class WorkerPool:
@@ -119,6 +120,7 @@ class WorkerPool:
         self.posting: Posting  # how rounds are posted, and
         self.completion: Completion  # how their ends are known (see _lay_out)
         self.round: BroadcastRound  # the broadcast round, compiled (both use it)
+        self.broadcasts = False  # (see below)
 
         prepare_barrier()  # (the workers' count, compiled once here: forked workers inherit it)
         self.joining = Joining(
@@ -130,6 +132,9 @@ class WorkerPool:
             self.spaces, stepper = self.joining.join(self.all_blocks, None, self._lay_out)
             if stepper is not None:
                 self.main = MainBlock(num_workers, stepper)
+            # Whether a round of one command for every block, with no payload, is a broadcast:
+            # with no block in the calling process, and no action leaf that travels pickled.
+            self.broadcasts = self.main is None and not self.replies.pickled_act
         except BaseException:
             self.state = PoolState.BROKEN
             self.shutdown(timeout=1.0)
@@ -252,10 +257,8 @@ class WorkerPool:
         and run on their own. The main block, if listed, is parked for :meth:`wait` to run, and
         its result for the collection (``Replies.collect``) to take.
         """
-        if self.state is not PoolState.OPEN:
-            raise ClosedError(
-                "this vector env is closed" + (" after a worker fault" if self.state is PoolState.BROKEN else "")
-            )
+        if self.state is not _OPEN:
+            self._refuse_closed()
         main = self.main
         if main is None or main.index not in block_ids:
             main = None
@@ -292,6 +295,11 @@ class WorkerPool:
             m = main.index
             target[m], commands[m], states[m] = seq, cmd, state
             main.pending = (cmd, None if payloads is None else payloads[m], arg)
+
+    def _refuse_closed(self) -> None:
+        raise ClosedError(
+            "this vector env is closed" + (" after a worker fault" if self.state is PoolState.BROKEN else "")
+        )
 
     def _interrupted(self, block_ids: list[int], seq: int) -> None:
         """After an exception (a Ctrl-C) while round ``seq`` was posted or waited for: exactly
@@ -408,11 +416,10 @@ class WorkerPool:
         worker is gone). The caller decides: raise (see :meth:`raise_first`) or restart those blocks.
         ``on_done``: see :meth:`wait`.
         """
+        if block_ids is None and payloads is None and on_done is None and fd is None and self.broadcasts:
+            return self.broadcast(cmd, arg, timeout)
         if timeout is None:
             timeout = self.timeout
-        if block_ids is None and payloads is None and self.main is None and on_done is None and fd is None:
-            if self.state is PoolState.OPEN and (cmd != _STEP or not self.replies.pickled_act):
-                return self._broadcast(cmd, arg, timeout)
         ids = self.all_blocks if block_ids is None else block_ids
         seq = self.seq + 1
         try:
@@ -425,27 +432,26 @@ class WorkerPool:
             raise
         return self._collect(ids, failures, timeout)
 
-    def _broadcast(self, cmd: int, arg: int, timeout: float | None) -> tuple[list, Failures]:
-        """:meth:`run` of one command for every worker, with no payload and no main block: the
+    def broadcast(self, cmd: int, arg: int = 0, timeout: float | None = None) -> tuple[list, Failures]:
+        """:meth:`run` of ``cmd`` with ``arg`` for every worker, where :attr:`broadcasts`: the
         training loop's round, :meth:`submit` and :meth:`wait` cut to what a broadcast needs.
         The compiled round posts it and waits; the per-block records are written only for a
         round that needs them (a reply to collect, a fault to judge, a Ctrl-C).
         """
+        if self.state is not _OPEN:
+            self._refuse_closed()
+        if timeout is None:
+            timeout = self.timeout
         seq = self.seq = self.seq + 1
         posted_at = time.perf_counter()
-        self.states[: self._workers] = self._idle
-        self.posting.broadcast = True
-        completion = self.completion
-        round_ = completion._round
-        round_[0], round_[1], completion.counted = seq, 0, True  # (Completion.begin)
         try:
             code = self.round.run(cmd, arg, seq, timeout)
-            if code == QUIET:  # every worker done, none replied: nothing to collect
+            if code == QUIET:  # every worker done, none replied: nothing to collect, nothing to record
                 return [None] * len(self.blocks), {}
             self._record(cmd, seq, posted_at)
             failures: Failures = {}
             if code == NOT_DONE:  # the general wait judges it
-                completion.wait_out_counted(timeout, failures)
+                self.completion.wait_out_counted(timeout, failures)
         except KeyboardInterrupt:  # (as in run)
             self._record(cmd, seq, posted_at)
             self._interrupted(self.worker_blocks, seq)
@@ -453,11 +459,17 @@ class WorkerPool:
         return self._collect(self.worker_blocks, failures, timeout)
 
     def _record(self, cmd: int, seq: int, posted_at: float) -> None:
-        """The per-block records of broadcast round ``seq``, as :meth:`submit` writes them."""
+        """What :meth:`submit` and :meth:`wait` would have recorded of broadcast round ``seq``:
+        each worker block's target, submission and command, IDLE (as a synchronous round
+        leaves it), and the round posted as a broadcast, counted.
+        """
         n = self._workers
         self._target[:n] = [seq] * n
         self._submitted[:n] = [posted_at] * n
         self.commands[:n] = [cmd] * n
+        self.states[:n] = self._idle
+        self.posting.broadcast = True
+        self.completion.begin(seq, True)
 
     def _collect(self, ids: list[int], failures: Failures, timeout: float | None) -> tuple[list, Failures]:
         """The replies of a synchronous round on ``ids`` that ended with ``failures``: ``run``'s

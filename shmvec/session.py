@@ -160,7 +160,17 @@ class Session:
             self.actions.write(actions, out.act, self.num_envs, self.autoreset if self.next_step else None)
             if out is self.home and self.latest is not out.obs:
                 self.to_home()
-            replies, failures = self._run(cmd, None, arg, None, None if taken is None else taken.block)
+            self.held = None
+            pool = self.pool
+            try:  # (as _run does; a broadcast where it is one, without run's tests of its arguments)
+                if taken is None and pool.broadcasts:
+                    replies, failures = pool.broadcast(cmd, arg)
+                else:
+                    on_done = None if taken is None else taken.block
+                    replies, failures = pool.run(cmd, None, None, None, arg, None, on_done)
+            except BaseException as exc:
+                self._raised(exc)
+                raise
             restarted: Sequence[int] = NO_ENVS
             if failures:
                 restarted = self.settle(failures, restart_of(cmd), out)
@@ -252,24 +262,21 @@ class Session:
                 dst[...] = src
             self.latest = home
 
-    def _run(
-        self,
-        cmd: int,
-        payloads: list | None,
-        arg: int,
-        block_ids: list[int] | None,
-        on_done: Callable[[int], None] | None = None,
-    ) -> tuple[list, Failures]:
+    def _run(self, cmd: int, payloads: list | None, arg: int, block_ids: list[int] | None) -> tuple[list, Failures]:
         self.held = None
-        try:  # (ClosingOnError's work, without a `with` on the step path)
-            return self.pool.run(cmd, payloads, arg=arg, block_ids=block_ids, on_done=on_done)
+        try:
+            return self.pool.run(cmd, payloads, arg=arg, block_ids=block_ids)
         except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt) and self.state is _READY:
-                # The round finishes in the workers and is dropped (ClosingOnError keeps the env
-                # open): its results are lost, so the caller starts again from a reset.
-                self.state = Lifecycle.NEEDS_RESET
-            self.closing.after(type(exc))
+            self._raised(exc)
             raise
+
+    def _raised(self, exc: BaseException) -> None:
+        """A round raised ``exc``: ClosingOnError's work, without a `with` on the step path."""
+        if isinstance(exc, KeyboardInterrupt) and self.state is _READY:
+            # The round finishes in the workers and is dropped (ClosingOnError keeps the env
+            # open): its results are lost, so the caller starts again from a reset.
+            self.state = Lifecycle.NEEDS_RESET
+        self.closing.after(type(exc))
 
     def submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:
         """Start ``cmd`` on ``blocks`` without waiting (asynchronous collection)."""

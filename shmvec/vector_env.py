@@ -199,6 +199,7 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         self.batch_size: int = options.batch_size  # type: ignore[assignment]
         self.copy = options.copy
         self.ordered = options.ordered
+        self._step_refusable = self.batch_size != self.num_envs or self.autoreset_mode is _DISABLED
         self.worker_threads = options.worker_threads
         self._session = session = Session(env_fns, options, self)
         # What runs as each step starts and returns: the one automatic window (it reads the
@@ -286,24 +287,31 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
         session = self._session
         if session.state is not _READY:
             session.guard("step", sync=False)  # (raises; a refused step must not drain what send() started)
-        if self.batch_size != self.num_envs:
-            raise ValueError(
-                f"this ShmVecEnv collects asynchronously (batch_size={self.batch_size} < "
-                f"num_envs={self.num_envs}): use send(actions, env_ids) and recv()"
-            )
-        if self.autoreset_mode is _DISABLED and session.autoreset.any():
-            ended = np.flatnonzero(session.autoreset).tolist()
-            raise ValueError(
-                f"envs {ended} ended their episode and autoreset_mode is DISABLED: reset them first "
-                "with reset(options={'reset_mask': mask})"
-            )
+        if self._step_refusable:  # (asynchronous collection, or no autoreset)
+            self._refuse_step()
         if _IN_FLIGHT in session.states:
             session.drain()
         copy, results = self.copy, session.results
         # Large observations are copied out block by block, as the blocks finish.
         taken = results.copy_out() if copy and results.copies_as_done else None
-        infos, _ = session.step(_STEP, actions, session.home, taken=taken)
+        infos, _ = session.step(_STEP, actions, session.home, 0, taken)
         return (*results.step(copy, taken), infos)
+
+    def _refuse_step(self) -> None:
+        """Raise if ``step`` cannot be taken now: the env collects asynchronously, or an env's
+        episode ended under DISABLED autoreset and was not reset.
+        """
+        if self.batch_size != self.num_envs:
+            raise ValueError(
+                f"this ShmVecEnv collects asynchronously (batch_size={self.batch_size} < "
+                f"num_envs={self.num_envs}): use send(actions, env_ids) and recv()"
+            )
+        if self.autoreset_mode is _DISABLED and self._session.autoreset.any():
+            ended = np.flatnonzero(self._session.autoreset).tolist()
+            raise ValueError(
+                f"envs {ended} ended their episode and autoreset_mode is DISABLED: reset them first "
+                "with reset(options={'reset_mask': mask})"
+            )
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         """Call method ``name`` of every env (or read the attribute if not callable)."""
