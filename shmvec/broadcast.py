@@ -45,10 +45,11 @@ NOT_DONE = 2  # a sentinel, the timeout, a signal or a quiet POLL_S: the general
 RAISED = 3  # a probe raised: its exception is re-raised
 
 # The plan's words: per pool, then per round (written by the caller before each call), then the
-# broadcast round's own spin budget (SpinPolicy's rule, kept here), then the roots.
+# broadcast round's own spin budget (SpinPolicy's rule, kept here) and its sleeps (poll calls,
+# ever), then the roots.
 MAIN, WORKERS, FDS, NFDS, MAX_SPIN, MIN_SPIN, YIELD_EVERY, NROOTS = range(8)
-CMD, ARG, SEQ, TIMEOUT, PROBE, POSTED_AT, BUDGET = range(8, 15)
-ROOTS_AT = 15  # then, for each root, the address of its SLEEPING word and its wake pipe's write end
+CMD, ARG, SEQ, TIMEOUT, PROBE, POSTED_AT, BUDGET, SLEEPS = range(8, 16)
+ROOTS_AT = 16  # then, for each root, the address of its SLEEPING word and its wake pipe's write end
 WORDS = ROOTS_AT + 2 * P.ROOTS
 
 # The probe points, by number (the compiled code's argument to the callback).
@@ -269,6 +270,9 @@ bounded2:
 sleeping:
   %ms = phi i64 [ @POLL_MS, %chunk ], [ %msb, %bounded2 ]
   %ms32 = trunc i64 %ms to i32
+  %slept = call i64 @word(ptr %plan, i64 @SLEEPS)
+  %slept1 = add i64 %slept, 1
+  call void @set(ptr %plan, i64 @SLEEPS, i64 %slept1)
   %r = call i32 @poll(ptr %fds, i64 %nfds, i32 %ms32)
   %p5 = call i1 @probe(ptr %plan, i64 5)
   br i1 %p5, label %cleared, label %judge
@@ -362,6 +366,7 @@ _NAMES = {
     "PROBE": PROBE,
     "POSTED_AT": POSTED_AT,
     "BUDGET": BUDGET,
+    "SLEEPS": SLEEPS,
     "ROOTS_AT": ROOTS_AT,
     "CMDWORD": P.CMD,
     "ARGWORD": P.ARG,
@@ -469,6 +474,11 @@ class BroadcastRound:
         if code == RAISED:
             raise _raised.pop()
         return code
+
+    @property
+    def sleeps(self) -> int:
+        """The times this round's wait has blocked in ``poll``, since the pool started."""
+        return int(self.plan[SLEEPS])
 
     def post(self, cmd: int, arg: int, seq: int) -> None:
         """Post round ``seq``, not waiting for it."""
