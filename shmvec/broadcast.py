@@ -475,6 +475,13 @@ class BroadcastRound:
             raise _raised.pop()
         return code
 
+    def posted_at(self) -> float:
+        """When the last round was posted, on ``time.perf_counter``'s clock (the plan's is
+        ``CLOCK_MONOTONIC``: its age is carried over, so the two clocks need not agree).
+        """
+        age = time.clock_gettime_ns(time.CLOCK_MONOTONIC) - self.plan[POSTED_AT]
+        return time.perf_counter() - age * 1e-9
+
     @property
     def sleeps(self) -> int:
         """The times this round's wait has blocked in ``poll``, since the pool started."""

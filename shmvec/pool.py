@@ -443,29 +443,28 @@ class WorkerPool:
         if timeout is None:
             timeout = self.timeout
         seq = self.seq = self.seq + 1
-        posted_at = time.perf_counter()
         try:
             code = self.round.run(cmd, arg, seq, timeout)
             if code == QUIET:  # every worker done, none replied: nothing to collect, nothing to record
                 return [None] * len(self.blocks), {}
-            self._record(cmd, seq, posted_at)
+            self._record(cmd, seq)
             failures: Failures = {}
             if code == NOT_DONE:  # the general wait judges it
                 self.completion.wait_out_counted(timeout, failures)
         except KeyboardInterrupt:  # (as in run)
-            self._record(cmd, seq, posted_at)
+            self._record(cmd, seq)
             self._interrupted(self.worker_blocks, seq)
             raise
         return self._collect(self.worker_blocks, failures, timeout)
 
-    def _record(self, cmd: int, seq: int, posted_at: float) -> None:
+    def _record(self, cmd: int, seq: int) -> None:
         """What :meth:`submit` and :meth:`wait` would have recorded of broadcast round ``seq``:
         each worker block's target, submission and command, IDLE (as a synchronous round
         leaves it), and the round posted as a broadcast, counted.
         """
         n = self._workers
         self._target[:n] = [seq] * n
-        self._submitted[:n] = [posted_at] * n
+        self._submitted[:n] = [self.round.posted_at()] * n
         self.commands[:n] = [cmd] * n
         self.states[:n] = self._idle
         self.posting.broadcast = True

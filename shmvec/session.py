@@ -88,6 +88,9 @@ class Session:
         self.latest = self.home.obs
         self.states = pool.states  # read on the step path
         self.next_step = options.autoreset_mode is AutoresetMode.NEXT_STEP
+        # Under NEXT_STEP an env that ended its episode is reset by the next step and never sees
+        # its action; Gymnasium hands it any value, so its row is not checked against the space.
+        self.ignored = self.autoreset if self.next_step else None
         self.same_step = options.autoreset_mode is AutoresetMode.SAME_STEP
         self.check_finite = options.check_finite  # (read on the step path)
         self._learn_infos = True  # until the first step with infos picked the info columns
@@ -102,7 +105,7 @@ class Session:
         """Drop this session's views of the segments, once its pool is shut down: the memory is
         unmapped as soon as no one else holds a view (no reference cycle keeps it either).
         """
-        self.results = self.home = self.latest = self.autoreset = None  # type: ignore[assignment]
+        self.results = self.home = self.latest = self.autoreset = self.ignored = None  # type: ignore[assignment]
         self.held = None
         self.infos.columns = None
 
@@ -156,8 +159,7 @@ class Session:
         hooks = self.hooks
         hooks.enter()
         try:  # (leave() on a failed step too: the rhythm's clock and torch's threads stay right)
-            # (as write_actions does, for every env)
-            self.actions.write(actions, out.act, self.num_envs, self.autoreset if self.next_step else None)
+            self.actions.write(actions, out.act, self.num_envs, self.ignored)
             if out is self.home and self.latest is not out.obs:
                 self.to_home()
             self.held = None
@@ -381,9 +383,7 @@ class Session:
         """Check the actions of a ``batch`` and write them into its rows of ``views`` (the regular
         action regions); a step of every env writes its own (:meth:`step`), as this does.
         """
-        # Under NEXT_STEP an env that ended its episode is reset by this step and never sees its
-        # action; Gymnasium hands it any value, so its row is not checked against the space.
-        ignored = self.autoreset[batch.rows] if self.next_step else None
+        ignored = None if self.ignored is None else self.ignored[batch.rows]
         self.actions.write(actions, views, len(batch.ids), ignored, batch.rows)
 
     def rollout_segment(self, num_steps: int) -> Segment:
