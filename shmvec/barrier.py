@@ -97,6 +97,7 @@ def _lock_fence() -> None:
 
 _engines: list = []  # every JIT engine of this process, kept alive with its functions
 _compiled: dict[str, Any] = {}  # the ctypes functions, and the count's line pointer
+_compiling = threading.Lock()
 
 
 def jit(ir: str) -> Any:
@@ -119,14 +120,17 @@ def _compile() -> dict[str, Any]:
     """The IR's functions, compiled for this machine once per process (a forked worker inherits
     them), as ctypes functions: ``fence()`` (about 0.1 us a call), ``count(seq << 1 | not_ok)``.
     """
-    if _compiled:
-        return _compiled
     import ctypes
 
-    engine = jit(FENCE_IR)
-    _compiled["fence"] = ctypes.CFUNCTYPE(None)(engine.get_function_address("shmvec_fence"))
-    _compiled["count"] = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(engine.get_function_address("shmvec_count"))
-    _compiled["line"] = ctypes.c_void_p.from_address(engine.get_global_value_address("shmvec_line"))
+    with _compiling:  # (two threads building the first pools at once compile once)
+        if not _compiled:
+            engine = jit(FENCE_IR)
+            kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)
+            _compiled.update(
+                fence=ctypes.CFUNCTYPE(None)(engine.get_function_address("shmvec_fence")),
+                count=kind(engine.get_function_address("shmvec_count")),
+                line=ctypes.c_void_p.from_address(engine.get_global_value_address("shmvec_line")),
+            )
     return _compiled
 
 

@@ -24,7 +24,10 @@ of the call that posted or waited.
 from __future__ import annotations
 
 import ctypes
+import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,7 +45,7 @@ __all__ = ["BroadcastRound", "DONE", "NOT_DONE", "QUIET"]
 QUIET = 0  # done, and no worker's status says that a reply or an error report follows (protocol.not_ok)
 DONE = 1  # done, and some worker's does
 NOT_DONE = 2  # a sentinel, the timeout, a signal or a quiet POLL_S: the general wait goes on
-RAISED = 3  # a probe raised: its exception is re-raised
+RAISED = 3  # a probe raised: its exception is raised by the call (_probed)
 
 # The plan's words: per pool, then per round (written by the caller before each call), then the
 # broadcast round's own spin budget (SpinPolicy's rule, kept here) and its sleeps (poll calls,
@@ -391,33 +394,63 @@ def ir() -> str:
 
 
 _functions: dict[str, Any] = {}
-_raised: list[BaseException] = []  # what a probe raised, for the call that ran it to re-raise
+_compiling = threading.Lock()
+# What a probe raised, per thread, for the call that ran it to raise.
+_local = threading.local()
 
 
 def _call_probe(point: int) -> int:
-    """The compiled code's way to a probe: 1 if it raised (kept in ``_raised``), else 0."""
+    """The compiled code's way to a probe: 1 if it raised (kept for :func:`_probed`), else 0."""
     try:
         probe = probes.probe
         if probe:
             probe(POINTS[point])
     except BaseException as exc:  # a Ctrl-C or a test's exception: raised by the call that posted or waited
-        _raised.append(exc)
+        _local.raised = exc
         return 1
     return 0
 
 
+def _keep(unraisable: Any) -> None:
+    """``sys.unraisablehook`` during a probed call. A Ctrl-C that arrived while the compiled code
+    ran without the GIL is raised as the callback's frame begins, before its ``try``; ctypes can
+    only report it as unraisable. It is kept, to be raised by the call.
+    """
+    if getattr(_local, "raised", None) is None:
+        _local.raised = unraisable.exc_value
+
+
+def _probed(fn: Callable[[Any], int], address: Any) -> int:
+    """``fn(address)`` with a probe installed: whatever the probe raised, or a Ctrl-C that
+    landed as it was called back, is raised here, once the compiled code has returned.
+    """
+    _local.raised = None
+    previous, sys.unraisablehook = sys.unraisablehook, _keep
+    try:
+        code = fn(address)
+    finally:
+        sys.unraisablehook = previous
+    raised, _local.raised = _local.raised, None
+    if raised is not None:
+        raise raised
+    return code
+
+
 def _compiled() -> dict[str, Any]:
     """The round's functions, compiled once per process (about 0.1 s; forked workers, which never
-    post a round, inherit them unused).
+    post a round, inherit them unused). Two threads building the first pools at once compile once.
     """
-    if not _functions:
-        engine = jit(ir())
-        kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)  # releases the GIL while it runs
-        for name in ("post", "wait", "round"):
-            _functions[name] = kind(engine.get_function_address("shmvec_" + name))
-        callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64)(_call_probe)
-        _functions["probe"] = callback  # (kept alive: the compiled code holds its address)
-        _functions["probe_address"] = ctypes.cast(callback, ctypes.c_void_p).value
+    with _compiling:
+        if not _functions:
+            engine = jit(ir())
+            kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)  # releases the GIL while it runs
+            functions: dict[str, Any] = {
+                name: kind(engine.get_function_address("shmvec_" + name)) for name in ("post", "wait", "round")
+            }
+            callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64)(_call_probe)
+            functions["probe"] = callback  # (kept alive: the compiled code holds its address)
+            functions["probe_address"] = ctypes.cast(callback, ctypes.c_void_p).value
+            _functions.update(functions)
     return _functions
 
 
@@ -469,11 +502,11 @@ class BroadcastRound:
         if timeout != self._timeout:
             plan[TIMEOUT] = _nanoseconds(timeout)
             self._timeout = timeout
-        plan[PROBE] = self._probe_address if probes.probe else 0
-        code = self._round(self._address)
-        if code == RAISED:
-            raise _raised.pop()
-        return code
+        if probes.probe:
+            plan[PROBE] = self._probe_address
+            return _probed(self._round, self._address)
+        plan[PROBE] = 0
+        return self._round(self._address)
 
     def posted_at(self) -> float:
         """When the last round was posted, on ``time.perf_counter``'s clock (the plan's is
@@ -491,9 +524,12 @@ class BroadcastRound:
         """Post round ``seq``, not waiting for it."""
         plan = self.plan
         plan[CMD], plan[ARG], plan[SEQ] = cmd, arg, seq
-        plan[PROBE] = self._probe_address if probes.probe else 0
-        if self._post(self._address) == RAISED:
-            raise _raised.pop()
+        if probes.probe:
+            plan[PROBE] = self._probe_address
+            _probed(self._post, self._address)
+        else:
+            plan[PROBE] = 0
+            self._post(self._address)
 
     def wait(self, timeout: float | None) -> bool:
         """Wait for the round posted last, as :meth:`run` does: whether it is done."""
@@ -501,13 +537,20 @@ class BroadcastRound:
         if timeout != self._timeout:
             plan[TIMEOUT] = _nanoseconds(timeout)
             self._timeout = timeout
-        plan[PROBE] = self._probe_address if probes.probe else 0
-        code = self._wait(self._address)
-        if code == RAISED:
-            raise _raised.pop()
-        return code < NOT_DONE
+        if probes.probe:
+            plan[PROBE] = self._probe_address
+            return _probed(self._wait, self._address) < NOT_DONE
+        plan[PROBE] = 0
+        return self._wait(self._address) < NOT_DONE
 
 
 def _nanoseconds(timeout: float | None) -> int:
-    """The plan's ``TIMEOUT``: ``timeout`` in nanoseconds (-1: none; capped where it would overflow)."""
-    return -1 if timeout is None else min(int(timeout * 1e9), 1 << 60)
+    """The plan's ``TIMEOUT``: ``timeout`` in nanoseconds, at least 0 (-1: none, also for an
+    infinite or NaN timeout, or one past 2**60 ns, where the deadline's sum would overflow).
+    """
+    if timeout is None or not timeout < _LONGEST_S:
+        return -1
+    return max(0, int(timeout * 1e9))
+
+
+_LONGEST_S = (1 << 60) / 1e9
