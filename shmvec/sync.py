@@ -20,12 +20,14 @@ import os
 import select
 import time
 from collections.abc import Callable
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from shmvec import probes
 from shmvec.barrier import fence
 from shmvec.protocol import SLEEPING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Seconds a blocked waiter sleeps at most before it looks at the words again: a lost wake-up
 # costs this much latency, never a hang.
@@ -125,6 +127,8 @@ def readable(fds: list[int], timeout: float | None) -> list[int]:
 
 def poll_array(count: int) -> np.ndarray:
     """``count`` of poll(2)'s ``struct pollfd``, each waiting to read (no descriptor: -1)."""
+    import numpy as np  # (here: a worker unpickles its SpinPolicy, from this module, before numpy loads)
+
     fds = np.zeros(count, dtype=np.dtype([("fd", np.int32), ("events", np.int16), ("revents", np.int16)]))
     fds["fd"] = -1
     fds["events"] = 1  # POLLIN (1 on Linux and macOS)
