@@ -1,5 +1,6 @@
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 
@@ -61,3 +62,11 @@ def ray_cluster():
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = old
+
+
+@pytest.fixture
+def sigint_handled():
+    """Python's own SIGINT handler for the test (a KeyboardInterrupt on Ctrl-C), put back after."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

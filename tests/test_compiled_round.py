@@ -46,13 +46,6 @@ def test_an_infinite_timeout_steps():
         envs.close()
 
 
-@pytest.fixture
-def sigint_handled():
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 @pytest.mark.usefixtures("sigint_handled")
 @pytest.mark.parametrize("probed", [False, True])
 def test_a_ctrl_c_while_the_caller_sleeps_in_the_compiled_wait_is_raised(probed):

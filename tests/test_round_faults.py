@@ -183,13 +183,6 @@ def test_a_late_count_of_an_earlier_round_does_not_count_in_the_next(probe, tmp_
 
 
 # -- 3. Ctrl-C while a round is posted ----------------------------------------------------------------
-@pytest.fixture
-def sigint_handled():
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 def interrupt_at(where: str, armed: list):
     """A probe that sends this process a real SIGINT the first time ``where`` is reached while
     ``armed`` holds True (in the calling process only)."""
