@@ -207,6 +207,34 @@ class ActionBatch:
         for view, a in zip(views, self.leaf_arrays(actions, n, ignored)):
             view[index] = a
 
+    def bounds(self) -> tuple[int, int] | None:
+        """``(low, high)`` where the batch is one Discrete leaf of int64 whose values are checked:
+        every value must fall in ``[low, high)``, a test the compiled round can make on a staged
+        batch (:meth:`stage`); ``None`` for every other space.
+        """
+        leaf = self.leaves[0]
+        if not (self.flat and self.validate and isinstance(leaf.space, gym.spaces.Discrete)):
+            return None
+        if leaf.dtype != np.int64 or leaf.shape != ():
+            return None
+        start = int(leaf.space.start)
+        return start, start + int(leaf.space.n)
+
+    def stage(self, actions: Any, staging: np.ndarray) -> bool:
+        """Write a batch of integers (or booleans) of ``staging``'s shape into it, unchecked: the
+        compiled round checks it against :meth:`bounds` and copies it where it goes. False, with
+        nothing written, for anything else (:meth:`write` then checks it, and says what is wrong).
+        """
+        a = actions if type(actions) is np.ndarray else np.asarray(actions)
+        if a.shape != staging.shape:
+            return False
+        kind = a.dtype.kind
+        # (uint64 can wrap into range as int64; floats are refused by the check's message)
+        if kind != "i" and kind != "b" and (kind != "u" or a.itemsize == 8):
+            return False
+        staging[...] = a
+        return True
+
     def _checked(self, k: int, part: Any, shape: tuple[int, ...], ignored: np.ndarray | None) -> np.ndarray:
         a = part if type(part) is np.ndarray else np.asarray(part)
         if a.shape != shape:

@@ -46,13 +46,18 @@ QUIET = 0  # done, and no worker's status says that a reply or an error report f
 DONE = 1  # done, and some worker's does
 NOT_DONE = 2  # a sentinel, the timeout, a signal or a quiet POLL_S: the general wait goes on
 RAISED = 3  # a probe raised: its exception is raised by the call (_probed)
+REFUSED = 4  # a staged action is outside its bounds: nothing was posted
 
 # The plan's words: per pool, then per round (written by the caller before each call), then the
 # broadcast round's own spin budget (SpinPolicy's rule, kept here) and its sleeps (poll calls,
 # ever), then the roots.
 MAIN, WORKERS, FDS, NFDS, MAX_SPIN, MIN_SPIN, YIELD_EVERY, NROOTS = range(8)
 CMD, ARG, SEQ, TIMEOUT, PROBE, POSTED_AT, BUDGET, SLEEPS = range(8, 16)
-ROOTS_AT = 16  # then, for each root, the address of its SLEEPING word and its wake pipe's write end
+# A staged action batch (check_actions): its rows, their int64 staging row, the bounds every row
+# not ignored must fall in ([low, high)), the ignored rows' bool mask (0: none); per round, where
+# the batch goes (0: nothing staged).
+ACT_N, ACT_SRC, ACT_LOW, ACT_HIGH, ACT_MASK, ACT_DST = range(16, 22)
+ROOTS_AT = 22  # then, for each root, the address of its SLEEPING word and its wake pipe's write end
 WORDS = ROOTS_AT + 2 * P.ROOTS
 
 # The probe points, by number (the compiled code's argument to the callback).
@@ -136,8 +141,71 @@ define internal i64 @finish(ptr %plan) {
   ret i64 %code
 }
 
+; A staged action batch, if any: every row not ignored checked against [low, high), then every
+; row copied to the round's action region (published by post's [GO] barrier). 0, or REFUSED
+; with nothing written.
+define internal i64 @stage(ptr %plan) {
+entry:
+  %dsta = call i64 @word(ptr %plan, i64 @ACT_DST)
+  %staged = icmp ne i64 %dsta, 0
+  br i1 %staged, label %check, label %none
+check:
+  %n = call i64 @word(ptr %plan, i64 @ACT_N)
+  %srca = call i64 @word(ptr %plan, i64 @ACT_SRC)
+  %src = inttoptr i64 %srca to ptr
+  %dst = inttoptr i64 %dsta to ptr
+  %low = call i64 @word(ptr %plan, i64 @ACT_LOW)
+  %high = call i64 @word(ptr %plan, i64 @ACT_HIGH)
+  %maska = call i64 @word(ptr %plan, i64 @ACT_MASK)
+  %mask = inttoptr i64 %maska to ptr
+  %masked = icmp ne i64 %maska, 0
+  br label %rows
+rows:
+  %i = phi i64 [ 0, %check ], [ %i1, %next ]
+  %more = icmp slt i64 %i, %n
+  br i1 %more, label %row, label %copy
+row:
+  %i1 = add i64 %i, 1
+  br i1 %masked, label %ignored, label %value
+ignored:
+  %mp = getelementptr i8, ptr %mask, i64 %i
+  %m = load i8, ptr %mp
+  %skip = icmp ne i8 %m, 0
+  br i1 %skip, label %next, label %value
+value:
+  %vp = getelementptr i64, ptr %src, i64 %i
+  %v = load i64, ptr %vp
+  %below = icmp slt i64 %v, %low
+  %above = icmp sge i64 %v, %high
+  %out = or i1 %below, %above
+  br i1 %out, label %refused, label %next
+next:
+  br label %rows
+copy:
+  %j = phi i64 [ 0, %rows ], [ %j1, %copied ]
+  %cmore = icmp slt i64 %j, %n
+  br i1 %cmore, label %copied, label %none
+copied:
+  %sp = getelementptr i64, ptr %src, i64 %j
+  %w = load i64, ptr %sp
+  %dp = getelementptr i64, ptr %dst, i64 %j
+  store i64 %w, ptr %dp
+  %j1 = add i64 %j, 1
+  br label %copy
+none:
+  ret i64 0
+refused:
+  ret i64 @REFUSED
+}
+
 ; Posting.post_broadcast: the command words and the round's tagged count, [GO], GO, [SLEEP], the roots' wake-ups.
 define internal i64 @post(ptr %plan) {
+start:
+  %staging = call i64 @stage(ptr %plan)
+  %ready = icmp eq i64 %staging, 0
+  br i1 %ready, label %entry, label %refused
+refused:
+  ret i64 %staging
 entry:
   %cmd = call i64 @word(ptr %plan, i64 @CMD)
   %arg = call i64 @word(ptr %plan, i64 @ARG)
@@ -380,6 +448,13 @@ _NAMES = {
     "QUIET": QUIET,
     "NOT_DONE": NOT_DONE,
     "RAISED": RAISED,
+    "REFUSED": REFUSED,
+    "ACT_N": ACT_N,
+    "ACT_SRC": ACT_SRC,
+    "ACT_LOW": ACT_LOW,
+    "ACT_HIGH": ACT_HIGH,
+    "ACT_MASK": ACT_MASK,
+    "ACT_DST": ACT_DST,
     "POLL_MS": round(POLL_S * 1000),
     "CLOCK": time.CLOCK_MONOTONIC,
 }
@@ -491,14 +566,27 @@ class BroadcastRound:
         self._timeout: float | None = None
         self._address = ctypes.c_int64(words.ctypes.data)
 
-    def run(self, cmd: int, arg: int, seq: int, timeout: float | None) -> int:
+    def check_actions(self, staging: np.ndarray, low: int, high: int, ignored: np.ndarray | None) -> None:
+        """Let :meth:`run` take a staged action batch: ``staging``, int64 ``[n]``, whose rows
+        must each fall in ``[low, high)`` but where ``ignored`` (bool ``[n]``, or ``None``) is
+        set; the round copies it to the actions' region it is given, before it posts.
+        """
+        self._staging, self._ignored = staging, ignored  # (held: the plan points into both)
+        plan = self.plan
+        plan[ACT_N], plan[ACT_SRC] = len(staging), staging.ctypes.data
+        plan[ACT_LOW], plan[ACT_HIGH] = low, high
+        plan[ACT_MASK] = 0 if ignored is None else ignored.ctypes.data
+
+    def run(self, cmd: int, arg: int, seq: int, timeout: float | None, actions: int = 0) -> int:
         """Post round ``seq`` (``cmd`` with ``arg``) and wait for it: :data:`QUIET` or
         :data:`DONE` once every worker has counted itself done; :data:`NOT_DONE` when the
         general wait must take it (a worker's sentinel, ``timeout`` since the post, a signal,
-        or ``POLL_S`` with no wake-up).
+        or ``POLL_S`` with no wake-up). ``actions``: the address of the actions' region that
+        the staged batch goes to (:meth:`check_actions`; 0: nothing staged); :data:`REFUSED`
+        when a row is out of bounds, with nothing written or posted.
         """
         plan = self.plan
-        plan[CMD], plan[ARG], plan[SEQ] = cmd, arg, seq
+        plan[CMD], plan[ARG], plan[SEQ], plan[ACT_DST] = cmd, arg, seq, actions
         if timeout != self._timeout:
             plan[TIMEOUT] = _nanoseconds(timeout)
             self._timeout = timeout
@@ -523,7 +611,7 @@ class BroadcastRound:
     def post(self, cmd: int, arg: int, seq: int) -> None:
         """Post round ``seq``, not waiting for it."""
         plan = self.plan
-        plan[CMD], plan[ARG], plan[SEQ] = cmd, arg, seq
+        plan[CMD], plan[ARG], plan[SEQ], plan[ACT_DST] = cmd, arg, seq, 0
         if probes.probe:
             plan[PROBE] = self._probe_address
             _probed(self._post, self._address)

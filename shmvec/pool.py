@@ -27,7 +27,7 @@ from shmvec import protocol as P
 from shmvec.barrier import fence
 from shmvec.barrier import prepare as prepare_barrier
 from shmvec.blocks import split
-from shmvec.broadcast import NOT_DONE, QUIET, BroadcastRound
+from shmvec.broadcast import NOT_DONE, QUIET, REFUSED, BroadcastRound
 from shmvec.checks import usable_cores
 from shmvec.completion import Completion, Failures
 from shmvec.errors import ClosedError, WorkerError
@@ -417,7 +417,9 @@ class WorkerPool:
         ``on_done``: see :meth:`wait`.
         """
         if block_ids is None and payloads is None and on_done is None and fd is None and self.broadcasts:
-            return self.broadcast(cmd, arg, timeout)
+            result = self.broadcast(cmd, arg, timeout)
+            assert result is not None  # (nothing staged: nothing to refuse)
+            return result
         if timeout is None:
             timeout = self.timeout
         ids = self.all_blocks if block_ids is None else block_ids
@@ -432,11 +434,18 @@ class WorkerPool:
             raise
         return self._collect(ids, failures, timeout)
 
-    def broadcast(self, cmd: int, arg: int = 0, timeout: float | None = None) -> tuple[list, Failures]:
+    def broadcast(
+        self, cmd: int, arg: int = 0, timeout: float | None = None, actions: int = 0
+    ) -> tuple[list, Failures] | None:
         """:meth:`run` of ``cmd`` with ``arg`` for every worker, where :attr:`broadcasts`: the
         training loop's round, :meth:`submit` and :meth:`wait` cut to what a broadcast needs.
         The compiled round posts it and waits; the per-block records are written only for a
         round that needs them (a reply to collect, a fault to judge, a Ctrl-C).
+
+        ``actions``: the address of the actions' region that a staged batch goes to
+        (:meth:`BroadcastRound.check_actions`; 0: nothing staged). ``None`` when the compiled
+        check refused a row of it: nothing was written or posted, and the caller's own check
+        says why.
         """
         if self.state is not _OPEN:
             self._refuse_closed()
@@ -444,9 +453,11 @@ class WorkerPool:
             timeout = self.timeout
         seq = self.seq = self.seq + 1
         try:
-            code = self.round.run(cmd, arg, seq, timeout)
+            code = self.round.run(cmd, arg, seq, timeout, actions)
             if code == QUIET:  # every worker done, none replied: nothing to collect, nothing to record
                 return [None] * len(self.blocks), {}
+            if code == REFUSED:
+                return None
             self._record(cmd, seq)
             failures: Failures = {}
             if code == NOT_DONE:  # the general wait judges it

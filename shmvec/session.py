@@ -80,7 +80,7 @@ class Session:
         self.restarts: list[tuple[int | None, range, Exception]] = []
         self.closing = ClosingOnError(weakref.ref(owner), pool)
         obs_space, layout, views = pool.spaces.observation_space, pool.layout, pool.views
-        self.actions = ActionBatch(pool.spaces.action_space, options.validate_actions)
+        self.actions: ActionBatch  # (validate_actions, below)
         self.results = Results(obs_space, layout, views, pool.blocks)
         self.home: Targets = self.results.home
         self.infos = InfoMerger(obs_space, layout.obs_leaves, pool.num_envs)
@@ -91,6 +91,8 @@ class Session:
         # Under NEXT_STEP an env that ended its episode is reset by the next step and never sees
         # its action; Gymnasium hands it any value, so its row is not checked against the space.
         self.ignored = self.autoreset if self.next_step else None
+        self.staging: np.ndarray | None = None
+        self.validate_actions(options.validate_actions)
         self.same_step = options.autoreset_mode is AutoresetMode.SAME_STEP
         self.check_finite = options.check_finite  # (read on the step path)
         self._learn_infos = True  # until the first step with infos picked the info columns
@@ -101,11 +103,23 @@ class Session:
         # over; any other round (synchronous, or a submit) drops it.
         self.held: tuple[tuple, Batch] | None = None
 
+    def validate_actions(self, validate: bool) -> None:
+        """Check the actions against the action space (``validate``) or not, from the next step
+        on. A step's Discrete batch is staged, and checked and copied by the compiled round.
+        """
+        self.actions = ActionBatch(self.pool.spaces.action_space, validate)
+        bounds = self.actions.bounds()
+        self.staging = None
+        if bounds is not None and self.pool.broadcasts:
+            self.staging = np.zeros(self.num_envs, np.int64)
+            self.pool.round.check_actions(self.staging, *bounds, self.ignored)
+
     def release(self) -> None:
         """Drop this session's views of the segments, once its pool is shut down: the memory is
         unmapped as soon as no one else holds a view (no reference cycle keeps it either).
         """
         self.results = self.home = self.latest = self.autoreset = self.ignored = None  # type: ignore[assignment]
+        self.staging = None
         self.held = None
         self.infos.columns = None
 
@@ -159,20 +173,29 @@ class Session:
         hooks = self.hooks
         hooks.enter()
         try:  # (leave() on a failed step too: the rhythm's clock and torch's threads stay right)
-            self.actions.write(actions, out.act, self.num_envs, self.ignored)
+            pool = self.pool
+            broadcast = taken is None and pool.broadcasts
+            # A Discrete batch is staged, and checked and copied by the compiled round.
+            staging = self.staging if broadcast and out.act_address else None
+            staged = staging is not None and self.actions.stage(actions, staging)
+            if not staged:
+                self.actions.write(actions, out.act, self.num_envs, self.ignored)
             if out is self.home and self.latest is not out.obs:
                 self.to_home()
             self.held = None
-            pool = self.pool
             try:  # (as _run does; a broadcast where it is one, without run's tests of its arguments)
-                if taken is None and pool.broadcasts:
-                    replies, failures = pool.broadcast(cmd, arg)
+                if broadcast:
+                    result = pool.broadcast(cmd, arg, None, out.act_address if staged else 0)
                 else:
                     on_done = None if taken is None else taken.block
-                    replies, failures = pool.run(cmd, None, None, None, arg, None, on_done)
+                    result = pool.run(cmd, None, None, None, arg, None, on_done)
             except BaseException as exc:
                 self._raised(exc)
                 raise
+            if result is None:  # the compiled round refused the staged batch, and posted nothing
+                self.actions.write(actions, out.act, self.num_envs, self.ignored)  # (raises why)
+                raise AssertionError("the compiled round refused actions that ActionBatch.write accepts")
+            replies, failures = result
             restarted: Sequence[int] = NO_ENVS
             if failures:
                 restarted = self.settle(failures, restart_of(cmd), out)

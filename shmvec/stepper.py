@@ -51,7 +51,7 @@ def _obs_error(message: str) -> Exception:
 class Targets:
     """Where one step of a block reads its actions and writes its results (views of its slice)."""
 
-    __slots__ = ("obs", "final_obs", "act", "rewards", "terminations", "truncations", "raw")
+    __slots__ = ("obs", "final_obs", "act", "rewards", "terminations", "truncations", "raw", "act_address")
 
     def __init__(
         self, obs: list, final_obs: list, act: list, rewards: Any, terminations: Any, truncations: Any
@@ -61,6 +61,11 @@ class Targets:
         # Byte views of the three, for struct's pack_into: one C call writes a block's
         # per-env values, where numpy would first discover the list's dtype and shape.
         self.raw = tuple(memoryview(v).cast("B") for v in (rewards, terminations, truncations))
+        # Where a staged int64 action batch goes (the compiled round copies it there; 0: the
+        # actions are not one contiguous int64 array).
+        first = act[0] if len(act) == 1 else None
+        staged = first is not None and first.dtype == "int64" and first.flags.c_contiguous
+        self.act_address: int = first.ctypes.data if first is not None and staged else 0
 
 
 class Stepper:

@@ -16,7 +16,6 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
-from shmvec.actions import ActionBatch
 from shmvec.async_collection import AsyncCollection
 from shmvec.batched_spaces import BatchedSpace
 from shmvec.blocks import reset_payloads, set_attr_payloads
@@ -377,7 +376,7 @@ class ShmVecEnv(AsyncCollection, Rollouts, Snapshots, Diagnosable, VectorEnv):
 
     @validate_actions.setter
     def validate_actions(self, value: bool) -> None:
-        self._session.actions = ActionBatch(self.single_action_space, bool(value))
+        self._session.validate_actions(bool(value))
 
     @property
     def buffers(self) -> SharedBuffers:

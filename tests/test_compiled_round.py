@@ -104,3 +104,66 @@ def test_a_worker_dead_before_the_round_is_judged_by_the_general_wait():
         assert envs.closed
     finally:
         envs.close()
+
+
+# -- a Discrete batch checked and copied by the compiled round ------------------------------------------
+def test_a_discrete_batch_is_staged_checked_and_copied_by_the_compiled_round():
+    """A step's Discrete batch goes through the staging row: the actions reach the envs (their
+    region holds them), and one out of bounds, above or below, is refused with the check's own
+    message, nothing written, nothing posted: the next step steps every env once."""
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, context="fork")
+    try:
+        session = envs._session
+        assert session.staging is not None  # (the compiled check is in use)
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        actions = np.array([0, 0, 0, 0])
+        rows.step(*envs.step(actions))
+        assert session.home.act[0].tolist() == [0, 0, 0, 0]
+        for bad, message in (
+            ([0, 2, 0, 0], r"actions\[1\] = 2 is outside"),
+            ([0, 0, -1, 0], r"actions\[2\] = -1 is outside"),
+        ):
+            with pytest.raises(ValueError, match=message):
+                envs.step(np.array(bad))
+            assert session.home.act[0].tolist() == [0, 0, 0, 0]  # nothing written
+        rows.step(*envs.step(np.array([0, 0, 0, 0], np.int32)))  # every env stepped once: nothing was posted
+        assert not envs.closed
+    finally:
+        envs.close()
+
+
+def test_an_ignored_action_is_not_checked_by_the_compiled_round():
+    """Under NEXT_STEP, an env whose episode ended is reset by the next step and never sees its
+    action: any value passes there (as Gymnasium hands it), and only there."""
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, context="fork")
+    try:
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        for _ in range(5):  # env 0's episode is 5 steps
+            rows.step(*envs.step(np.zeros(4, np.int64)))
+        assert envs._session.autoreset.tolist() == [True, False, False, False]
+        rows.step(*envs.step(np.array([7, 0, 0, 0])))
+        with pytest.raises(ValueError, match=r"actions\[3\] = 7 is outside"):  # (env 3's episode: 8 steps)
+            envs.step(np.array([0, 0, 0, 7]))
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize(
+    "actions, error, message",
+    [
+        (np.zeros(4, np.float32), ValueError, "expected integers"),
+        (np.zeros(3, np.int64), ValueError, "have shape"),
+        (np.full(4, 2**63 + 1, np.uint64), ValueError, "is outside"),  # (not staged: it would wrap)
+    ],
+)
+def test_what_cannot_be_staged_is_checked_as_before(actions, error, message):
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, context="fork")
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(error, match=message):
+            envs.step(actions)
+        envs.step(np.zeros(4, np.int64))
+    finally:
+        envs.close()
