@@ -24,6 +24,7 @@ class Batch(NamedTuple):
     rows: Index  # into the ``[num_envs, ...]`` regions: a slice when the blocks are adjacent
     contiguous: bool
     blocks: list[int]
+    views: list  # its rows' read-only result views, made by the first recv of it (Results.batch)
 
 
 class Batches:
@@ -43,8 +44,13 @@ class Batches:
             ids = np.concatenate([np.arange(r.start, r.stop) for r in envs])
             ids.flags.writeable = False  # so that send() can tell them by identity
             rows: Index = slice(envs[0].start, envs[-1].stop) if contiguous else ids
-            batch = self._made[key] = Batch(ids, rows, contiguous, list(ready))
+            batch = self._made[key] = Batch(ids, rows, contiguous, list(ready), [])
         return batch
+
+    def release(self) -> None:
+        """Drop every batch's views of the results (the vector env closed)."""
+        for batch in self._made.values():
+            batch.views.clear()
 
     def covering(self, env_ids: np.ndarray, states: list[BlockState], after_recv: bool) -> Batch:
         """The batch of the idle blocks that ``env_ids`` covers exactly, or a ValueError saying

@@ -127,10 +127,24 @@ class Results:
         obs = self.buffers.obs if self._pickled is None else self.observations(False)
         return obs, self._rewards_ro, self._terms_ro, self._truncs_ro
 
-    def batch(self, index: Index, contiguous: bool, copy: bool) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
+    def batch(
+        self, index: Index, contiguous: bool, copy: bool, kept: list | None = None
+    ) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray]:
         """``(obs, rewards, terminations, truncations)`` of the envs ``index`` (a batch of
         :meth:`~shmvec.ShmVecEnv.recv`); views only where ``copy=False`` and they are adjacent.
+
+        ``kept``: an empty list the caller keeps with the batch, where the read-only views of its
+        rows are made once and kept (adjacent envs, fixed-size leaves): every later ``recv`` of
+        that batch copies them, or hands them out, with no slicing.
         """
+        if kept is not None and contiguous and self._pickled is None:
+            if not kept:
+                kept += [v[index] for v in self._obs_ro], self._rewards_ro[index], self._terms_ro[index]
+                kept += (self._truncs_ro[index],)
+            leaves, rewards, terms, truncs = kept
+            if not copy:
+                return self._tree(leaves), rewards, terms, truncs
+            return self._tree([v.copy() for v in leaves]), rewards.copy(), terms.copy(), truncs.copy()
         home = self.home
         if self._pickled is not None:
             obs = self._with_objects(index, contiguous, copy)

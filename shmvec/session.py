@@ -121,6 +121,7 @@ class Session:
         self.results = self.home = self.latest = self.autoreset = self.ignored = None  # type: ignore[assignment]
         self.staging = None
         self.held = None
+        self.batches.release()
         self.infos.columns = None
 
     def set_option(self, name: str, value: Any) -> None:
@@ -236,9 +237,9 @@ class Session:
             except NonFiniteError as exc:
                 # Nothing is lost: the next recv() hands this batch over as it is.
                 exc.env_ids = batch.ids
-                self.held = (*self.results.batch(batch.rows, batch.contiguous, copy), exc.infos, batch.ids), batch
+                self.held = (*self.results.batch(batch.rows, batch.contiguous, copy, batch.views), exc.infos, batch.ids), batch
                 raise
-            return (*self.results.batch(batch.rows, batch.contiguous, copy), infos, batch.ids), batch
+            return (*self.results.batch(batch.rows, batch.contiguous, copy, batch.views), infos, batch.ids), batch
         finally:
             hooks.leave()
 

@@ -245,7 +245,7 @@ def _descriptors() -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="reads /proc (Linux)")
 def test_close_releases_every_descriptor_and_mapping_without_the_collector():
-    """Thirty build-step-rollout-close cycles, with the cyclic garbage collector off: after each
+    """Thirty build-step-rollout-recv-close cycles, with the cyclic garbage collector off: after each
     close(), with the env still referenced, this process holds no more descriptors than before
     and maps none of its segments (the main one, the rollout's, the info columns'); a view
     handed out with copy=False keeps its segment mapped, and valid, until it goes."""
@@ -274,6 +274,13 @@ def test_close_releases_every_descriptor_and_mapping_without_the_collector():
             envs.reset(seed=i)
             envs.step(envs.action_space.sample())
             envs.rollout(lambda obs: envs.action_space.sample(), num_steps=3)
+            envs.close()
+            assert (_descriptors(), _mapped_segments()) == (fds, 0), f"cycle {i}"
+            envs = shmvec.ShmVecEnv([kind] * 8, num_workers=2, batch_size=4)
+            envs.async_reset(seed=i)
+            for copy in (True, False):  # (a batch keeps its views of the results: dropped at close)
+                envs.copy = copy
+                envs.recv()
             envs.close()
             assert (_descriptors(), _mapped_segments()) == (fds, 0), f"cycle {i}"
         envs = shmvec.ShmVecEnv([frames] * 4, num_workers=2, copy=False)
