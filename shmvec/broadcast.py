@@ -57,7 +57,11 @@ CMD, ARG, SEQ, TIMEOUT, PROBE, POSTED_AT, BUDGET, SLEEPS = range(8, 16)
 # not ignored must fall in ([low, high)), the ignored rows' bool mask (0: none); per round, where
 # the batch goes (0: nothing staged).
 ACT_N, ACT_SRC, ACT_LOW, ACT_HIGH, ACT_MASK, ACT_DST = range(16, 22)
-ROOTS_AT = 22  # then, for each root, the address of its SLEEPING word and its wake pipe's write end
+# The wait for some blocks (wait_some, an asynchronous recv's): per pool, the first block's
+# control line, a line's bytes, each block's target (the number its DONE reaches when done);
+# per wait, the blocks to watch (an int64 array, and how many) and how many must be done.
+LINES, LINE_BYTES, TARGETS, SOME_AT, SOME_N, SOME_COUNT = range(22, 28)
+ROOTS_AT = 28  # then, for each root, the address of its SLEEPING word and its wake pipe's write end
 WORDS = ROOTS_AT + 2 * P.ROOTS
 
 # The probe points, by number (the compiled code's argument to the callback).
@@ -129,10 +133,66 @@ define internal i1 @counted(ptr %plan) alwaysinline {
   ret i1 %d
 }
 
-; The round done: the [DONE] barrier, then whether any worker is not OK (protocol.not_ok; its
-; count's word no longer changes this round).
-define internal i64 @finish(ptr %plan) {
+; SOME_COUNT of the SOME_N blocks at SOME_AT done: each one's DONE at its target.
+define internal i1 @some_done(ptr %plan) {
+entry:
+  %n = call i64 @word(ptr %plan, i64 @SOME_N)
+  %idsa = call i64 @word(ptr %plan, i64 @SOME_AT)
+  %ids = inttoptr i64 %idsa to ptr
+  %linesa = call i64 @word(ptr %plan, i64 @LINES)
+  %bytes = call i64 @word(ptr %plan, i64 @LINE_BYTES)
+  %targetsa = call i64 @word(ptr %plan, i64 @TARGETS)
+  %targets = inttoptr i64 %targetsa to ptr
+  %count = call i64 @word(ptr %plan, i64 @SOME_COUNT)
+  br label %blocks
+blocks:
+  %i = phi i64 [ 0, %entry ], [ %i1, %look ]
+  %c = phi i64 [ 0, %entry ], [ %c1, %look ]
+  %more = icmp slt i64 %i, %n
+  br i1 %more, label %look, label %out
+look:
+  %bp = getelementptr i64, ptr %ids, i64 %i
+  %b = load i64, ptr %bp
+  %at = mul i64 %b, %bytes
+  %la = add i64 %linesa, %at
+  %l = inttoptr i64 %la to ptr
+  %dp = getelementptr i64, ptr %l, i64 @DONE
+  %d = load atomic i64, ptr %dp monotonic, align 8
+  %tp = getelementptr i64, ptr %targets, i64 %b
+  %t = load i64, ptr %tp
+  %hit = icmp eq i64 %d, %t
+  %add = zext i1 %hit to i64
+  %c1 = add i64 %c, %add
+  %i1 = add i64 %i, 1
+  br label %blocks
+out:
+  %enough = icmp sge i64 %c, %count
+  ret i1 %enough
+}
+
+; The wait's test of done, by its kind: 0, a broadcast round's count; 1, some blocks' DONE.
+define internal i1 @ready(ptr %plan, i64 %kind) alwaysinline {
+entry:
+  %some = icmp ne i64 %kind, 0
+  br i1 %some, label %blocks, label %count
+blocks:
+  %b = call i1 @some_done(ptr %plan)
+  ret i1 %b
+count:
+  %c = call i1 @counted(ptr %plan)
+  ret i1 %c
+}
+
+; The wait done: the [DONE] barrier, then, in a broadcast round (kind 0), whether any worker is
+; not OK (protocol.not_ok; its count's word no longer changes this round).
+define internal i64 @finish(ptr %plan, i64 %kind) {
+entry:
   fence seq_cst
+  %forsome = icmp ne i64 %kind, 0
+  br i1 %forsome, label %blocks, label %count
+blocks:
+  ret i64 @DONE_CODE
+count:
   %w = call ptr @line(ptr %plan, i64 @DONE)
   %v = load atomic i64, ptr %w monotonic, align 8
   %bad = and i64 %v, 4294901760
@@ -262,16 +322,17 @@ raised:
   ret i64 @RAISED
 }
 
-; Completion.wait_counted: spin for the budget, then sleep announced for the last count.
-define internal i64 @wait(ptr %plan) {
+; Completion.wait_counted (kind 0): spin for the budget, then sleep announced for the last count;
+; Completion.wait for some blocks (kind 1, no deadline): the same, announced for any block.
+define internal i64 @wait(ptr %plan, i64 %kind) {
 entry:
   %maxspin = call i64 @word(ptr %plan, i64 @MAX_SPIN)
   %minspin = call i64 @word(ptr %plan, i64 @MIN_SPIN)
-  %at_once = call i1 @counted(ptr %plan)
+  %at_once = call i1 @ready(ptr %plan, i64 %kind)
   br i1 %at_once, label %quick, label %timed
 quick:
   call void @set(ptr %plan, i64 @BUDGET, i64 %maxspin)
-  %q = call i64 @finish(ptr %plan)
+  %q = call i64 @finish(ptr %plan, i64 %kind)
   ret i64 %q
 timed:
   %start = call i64 @now()
@@ -285,7 +346,7 @@ spin:
   %over = icmp sge i64 %t, %end
   br i1 %over, label %sleep, label %test
 test:
-  %d = call i1 @counted(ptr %plan)
+  %d = call i1 @ready(ptr %plan, i64 %kind)
   br i1 %d, label %done, label %tally
 tally:
   %i1 = add i64 %i, 1
@@ -305,14 +366,17 @@ sleep:
   br i1 %p3, label %raised, label %announce
 announce:
   %workers = call i64 @word(ptr %plan, i64 @WORKERS)
-  %named = sub i64 -1, %workers
+  %last = sub i64 -1, %workers
+  %any = icmp ne i64 %kind, 0
+  %named = select i1 %any, i64 @ANY_BLOCK, i64 %last
   %ws = call ptr @line(ptr %plan, i64 @SLEEPING)
   store atomic i64 %named, ptr %ws monotonic, align 8
   fence seq_cst
   %p4 = call i1 @probe(ptr %plan, i64 4)
   br i1 %p4, label %cleared, label %setup
 setup:
-  %timeout = call i64 @word(ptr %plan, i64 @TIMEOUT)
+  %timeword = call i64 @word(ptr %plan, i64 @TIMEOUT)
+  %timeout = select i1 %any, i64 -1, i64 %timeword
   %postedat = call i64 @word(ptr %plan, i64 @POSTED_AT)
   %deadline = add i64 %postedat, %timeout
   %fdsa = call i64 @word(ptr %plan, i64 @FDS)
@@ -322,7 +386,7 @@ setup:
   %rev0p = getelementptr i8, ptr %fds, i64 6
   br label %watch
 watch:
-  %d2 = call i1 @counted(ptr %plan)
+  %d2 = call i1 @ready(ptr %plan, i64 %kind)
   br i1 %d2, label %woke, label %chunk
 chunk:
   %forever = icmp slt i64 %timeout, 0
@@ -382,7 +446,7 @@ done:
   %short = icmp sle i64 %waited, %maxspin
   %nextbudget = select i1 %short, i64 %maxspin, i64 %minspin
   call void @set(ptr %plan, i64 @BUDGET, i64 %nextbudget)
-  %f = call i64 @finish(ptr %plan)
+  %f = call i64 @finish(ptr %plan, i64 %kind)
   ret i64 %f
 notdone:
   store atomic i64 0, ptr %ws monotonic, align 8
@@ -403,7 +467,13 @@ define i64 @shmvec_post(i64 %plan) {
 
 define i64 @shmvec_wait(i64 %plan) {
   %p = inttoptr i64 %plan to ptr
-  %r = call i64 @wait(ptr %p)
+  %r = call i64 @wait(ptr %p, i64 0)
+  ret i64 %r
+}
+
+define i64 @shmvec_wait_some(i64 %plan) {
+  %p = inttoptr i64 %plan to ptr
+  %r = call i64 @wait(ptr %p, i64 1)
   ret i64 %r
 }
 
@@ -414,7 +484,7 @@ entry:
   %ok = icmp eq i64 %r, 0
   br i1 %ok, label %wait, label %out
 wait:
-  %w = call i64 @wait(ptr %p)
+  %w = call i64 @wait(ptr %p, i64 0)
   ret i64 %w
 out:
   ret i64 %r
@@ -455,6 +525,13 @@ _NAMES = {
     "ACT_HIGH": ACT_HIGH,
     "ACT_MASK": ACT_MASK,
     "ACT_DST": ACT_DST,
+    "LINES": LINES,
+    "LINE_BYTES": LINE_BYTES,
+    "TARGETS": TARGETS,
+    "SOME_AT": SOME_AT,
+    "SOME_N": SOME_N,
+    "SOME_COUNT": SOME_COUNT,
+    "ANY_BLOCK": P.ANY_BLOCK,
     "POLL_MS": round(POLL_S * 1000),
     "CLOCK": time.CLOCK_MONOTONIC,
 }
@@ -520,7 +597,7 @@ def _compiled() -> dict[str, Any]:
             engine = jit(ir())
             kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)  # releases the GIL while it runs
             functions: dict[str, Any] = {
-                name: kind(engine.get_function_address("shmvec_" + name)) for name in ("post", "wait", "round")
+                name: kind(engine.get_function_address("shmvec_" + name)) for name in ("post", "wait", "round", "wait_some")
             }
             callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64)(_call_probe)
             functions["probe"] = callback  # (kept alive: the compiled code holds its address)
@@ -547,6 +624,7 @@ class BroadcastRound:
     def __init__(self, ctrl: np.ndarray, workers: WorkerProcesses, num_workers: int, policy: SpinPolicy) -> None:
         functions = _compiled()
         self._post, self._wait, self._round = functions["post"], functions["wait"], functions["round"]
+        self._wait_some = functions["wait_some"]
         self._probe_address = functions["probe_address"]
         self._ctrl, self._watched = ctrl, workers.watched  # (held: the plan points into both)
         words = self._words = np.zeros(WORDS, dtype=np.int64)
@@ -564,6 +642,13 @@ class BroadcastRound:
             plan[ROOTS_AT + 2 * i + 1] = workers.wake_fds[block]
         plan[TIMEOUT] = -1
         self._timeout: float | None = None
+        # Each block's target, the pool's record (WorkerPool._target is this memoryview), and
+        # the blocks a wait_some watches.
+        blocks = len(ctrl) - 1
+        self._targets, self._some = np.zeros(blocks, dtype=np.int64), np.zeros(blocks, dtype=np.int64)
+        self.targets = self._targets.data
+        plan[LINES], plan[LINE_BYTES] = ctrl.ctypes.data, ctrl.strides[0]
+        plan[TARGETS], plan[SOME_AT] = self._targets.ctypes.data, self._some.ctypes.data
         self._address = ctypes.c_int64(words.ctypes.data)
 
     def check_actions(self, staging: np.ndarray, low: int, high: int, ignored: np.ndarray | None) -> None:
@@ -595,6 +680,26 @@ class BroadcastRound:
             return _probed(self._round, self._address)
         plan[PROBE] = 0
         return self._round(self._address)
+
+    def set_targets(self, count: int, seq: int) -> None:
+        """The first ``count`` blocks' target: ``seq`` (a round posted to every worker)."""
+        self._targets[:count] = seq
+
+    def wait_some(self, block_ids: list[int], count: int) -> bool:
+        """Wait, with no deadline, until ``count`` worker blocks of ``block_ids`` are done (each
+        one's DONE at its target), as :meth:`wait` waits for a broadcast's count, but announced
+        for any block: whether they are. Not done: a sentinel (of any worker), a signal or a
+        quiet ``POLL_S``; the general wait goes on from there.
+        """
+        n = len(block_ids)
+        self._some[:n] = block_ids
+        plan = self.plan
+        plan[SOME_N], plan[SOME_COUNT] = n, count
+        if probes.probe:
+            plan[PROBE] = self._probe_address
+            return _probed(self._wait_some, self._address) < NOT_DONE
+        plan[PROBE] = 0
+        return self._wait_some(self._address) < NOT_DONE
 
     def posted_at(self) -> float:
         """When the last round was posted, on ``time.perf_counter``'s clock (the plan's is

@@ -100,6 +100,14 @@ class Completion:
         if counted and on_done is None:
             self.wait_counted(self._round[0], timeout, failures)
             return
+        if not every and timeout is None:
+            # Some blocks (an asynchronous recv's), no deadline: the compiled wait spins, then
+            # sleeps until any block rings; what it cannot settle goes on in the general wait.
+            if self.round.wait_some(block_ids, count):
+                return
+            done = self._some_test(block_ids, count, failures)
+            self._wait_out(block_ids, count, None, failures, False, False, done, ANY_BLOCK, time.perf_counter())
+            return
         policy = self.policy
         t0 = time.perf_counter()
         if every:

@@ -114,7 +114,7 @@ class WorkerPool:
         self.states = [BlockState.IDLE] * num_blocks
         self._idle = [BlockState.IDLE] * num_workers  # (the workers' states after a synchronous round)
         self._workers = num_workers
-        self._target = [0] * num_blocks
+        self._target: memoryview  # (BroadcastRound.targets: the compiled waits read it too)
         self.commands: list[int] = [0] * num_blocks
         self._submitted = [0.0] * num_blocks
         self.posting: Posting  # how rounds are posted, and
@@ -159,6 +159,7 @@ class WorkerPool:
         self.replies = Replies(self.layout, self.views, self.lines, self.workers, self.blocks, self.commands)
         workers = len(self.worker_blocks)
         self.round = BroadcastRound(self.views["ctrl"], self.workers, workers, self._wait_policy)
+        self._target = self.round.targets
         self.posting = Posting(self.lines, self.workers, workers, self.round)
         self.completion = Completion(
             self.lines,
@@ -276,7 +277,8 @@ class WorkerPool:
             every = len(block_ids) == len(self.worker_blocks)
             if every:  # the workers' blocks, 0 .. W - 1: one slice assignment each
                 n = len(block_ids)
-                target[:n], submitted[:n], commands[:n], states[:n] = [seq] * n, [now] * n, [cmd] * n, [state] * n
+                submitted[:n], commands[:n], states[:n] = [now] * n, [cmd] * n, [state] * n
+                self.round.set_targets(n, seq)
             else:
                 for block in block_ids:
                     target[block] = seq
@@ -474,7 +476,7 @@ class WorkerPool:
         leaves it), and the round posted as a broadcast, counted.
         """
         n = self._workers
-        self._target[:n] = [seq] * n
+        self.round.set_targets(n, seq)
         self._submitted[:n] = [self.round.posted_at()] * n
         self.commands[:n] = [cmd] * n
         self.states[:n] = self._idle

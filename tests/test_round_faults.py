@@ -346,6 +346,86 @@ def test_a_worker_killed_at_each_step_of_a_broadcast_round_is_restarted(where, p
         envs.close()
 
 
+# -- 3c. each step of the compiled wait of an asynchronous recv --------------------------------------
+# The caller's points of that wait (BroadcastRound.wait_some): a recv sleeps in it as a step does.
+WAIT_POINTS = ["main:waited", "sleep:announced", "sleep:woken", "main:seen"]
+
+
+def slow_send(envs, ids) -> None:
+    """A send of block ``ids`` after its worker gave up spinning, long enough (action 1: 50 ms)
+    for the recv after it to sleep."""
+    time.sleep(0.02)
+    envs.send(np.ones(len(ids), np.int64), ids)
+
+
+@pytest.mark.usefixtures("sigint_handled")
+@pytest.mark.parametrize("where", WAIT_POINTS)
+def test_ctrl_c_at_each_step_of_a_recvs_wait(where, probe):
+    """SIGINT at each of the caller's points of a recv's compiled wait: recv raises
+    KeyboardInterrupt, main's SLEEPING is cleared, the block stays in flight, and the next recv
+    hands it out with its rows right; the env goes on."""
+    armed = [False]
+    probe(interrupt_at(where, armed))
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, batch_size=2, context="fork")
+    try:
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        slow_send(envs, [0, 1])
+        armed[0] = True
+        with pytest.raises(KeyboardInterrupt):
+            envs.recv()
+        assert not armed[0]  # (the point was reached)
+        pool = envs._session.pool
+        assert pool.main_line[SLEEPING] == 0 and pool.states[0] is BlockState.IN_FLIGHT
+        *out, got = envs.recv()
+        assert got.tolist() == [0, 1]
+        rows.step(*out, env_ids=got)
+        for ids in ([2, 3], [0, 1], [2, 3]):
+            envs.send(np.zeros(2, np.int64), ids)
+            *out, got = envs.recv()
+            rows.step(*out, env_ids=got)
+    finally:
+        envs.close()
+
+
+@pytest.mark.parametrize("where", WAIT_POINTS)
+def test_a_worker_killed_at_each_step_of_a_recvs_wait_is_restarted(where, probe):
+    """Worker 0 is killed while a recv waits for its block, at each of the caller's points: that
+    recv (or, killed once the block was done, the next) restarts block 0, and every row stays
+    right."""
+    armed = [False]
+
+    def kill_worker_0(point):
+        if point == where and armed[0]:
+            armed[0] = False
+            os.kill(pids[0], signal.SIGKILL)
+            os.waitid(os.P_PID, pids[0], os.WEXITED | os.WNOWAIT)  # (dead before the wait goes on)
+
+    probe(kill_worker_0)
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, batch_size=2, on_error="restart", context="fork")
+    try:
+        pids = envs.worker_pids
+        rows = Rows(4)
+        rows.reset(envs.reset(seed=0)[0])
+        armed[0] = True
+        restarted = []
+        for _ in range(2):
+            slow_send(envs, [0, 1])
+            *out, got = envs.recv()
+            assert got.tolist() == [0, 1]
+            restarted.append(out[4]["restarted"].tolist() if "restarted" in out[4] else [False] * 2)
+            rows.step(*out, env_ids=got)
+        assert not armed[0]
+        assert [True, True] in restarted
+        assert [r[0] for r in envs.restarts] == [0]
+        for ids in ([2, 3], [0, 1]):
+            envs.send(np.zeros(2, np.int64), ids)
+            *out, got = envs.recv()
+            rows.step(*out, env_ids=got)
+    finally:
+        envs.close()
+
+
 # -- 4. a replacement killed while it starts ------------------------------------------------------------
 @pytest.mark.parametrize("when", ["build", "reset"])
 def test_a_replacement_killed_while_it_starts_is_replaced_again(when, tmp_path):
