@@ -70,8 +70,7 @@ class AsyncCollection:
         batch = self._last
         if batch is None or env_ids is not batch.ids:  # the usual loop passes the (read-only) ids recv() returned
             batch = session.batches.covering(env_ids, session.states, self._last is not None)
-        session.write_actions(actions, session.home.act, batch)
-        session.submit(_STEP, batch.blocks, None)
+        session.send(actions, batch)
         self._last = None
 
     def recv(self) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict[str, Any], np.ndarray]:

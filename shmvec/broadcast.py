@@ -38,7 +38,7 @@ from shmvec.barrier import jit
 from shmvec.processes import WorkerProcesses
 from shmvec.sync import POLL_S, SpinPolicy
 
-__all__ = ["BroadcastRound", "DONE", "NOT_DONE", "QUIET"]
+__all__ = ["BroadcastRound", "DONE", "NOT_DONE", "QUIET", "Refused"]
 
 # What the compiled functions return. Done: the round's count is complete, and its results may
 # be read (the [DONE] barrier is passed).
@@ -48,20 +48,30 @@ NOT_DONE = 2  # a sentinel, the timeout, a signal or a quiet POLL_S: the general
 RAISED = 3  # a probe raised: its exception is raised by the call (_probed)
 REFUSED = 4  # a staged action is outside its bounds: nothing was posted
 
+
+class Refused(Exception):
+    """A post refused its staged action batch (a row out of bounds): nothing was written or
+    posted. The caller's own check of the batch says why (``ActionBatch.write``).
+    """
+
+
+Staged = tuple[int, int, int]  # a staged action batch: its rows, where it goes, its ignored rows' mask (run)
+PAYLOAD_FLAG = 1 << 32  # added to a block of post_blocks whose payload follows on its pipe
+
 # The plan's words: per pool, then per round (written by the caller before each call), then the
 # broadcast round's own spin budget (SpinPolicy's rule, kept here) and its sleeps (poll calls,
 # ever), then the roots.
 MAIN, WORKERS, FDS, NFDS, MAX_SPIN, MIN_SPIN, YIELD_EVERY, NROOTS = range(8)
 CMD, ARG, SEQ, TIMEOUT, PROBE, POSTED_AT, BUDGET, SLEEPS = range(8, 16)
-# A staged action batch (check_actions): its rows, their int64 staging row, the bounds every row
-# not ignored must fall in ([low, high)), the ignored rows' bool mask (0: none); per round, where
-# the batch goes (0: nothing staged).
+# A staged action batch (check_actions, stage): its rows, their int64 staging row, the bounds
+# every row not ignored must fall in ([low, high)), the ignored rows' bool mask (0: none), where
+# the batch goes (0: nothing staged; the next post takes it and clears this word).
 ACT_N, ACT_SRC, ACT_LOW, ACT_HIGH, ACT_MASK, ACT_DST = range(16, 22)
-# The wait for some blocks (wait_some, an asynchronous recv's): per pool, the first block's
-# control line, a line's bytes, each block's target (the number its DONE reaches when done);
-# per wait, the blocks to watch (an int64 array, and how many) and how many must be done.
-LINES, LINE_BYTES, TARGETS, SOME_AT, SOME_N, SOME_COUNT = range(22, 28)
-ROOTS_AT = 28  # then, for each root, the address of its SLEEPING word and its wake pipe's write end
+# Rounds of some blocks (post_blocks, wait_some): per pool, the first block's control line, a
+# line's bytes, each block's target (the number its DONE reaches when done), each block's wake
+# pipe; per call, the blocks (an int64 array, and how many) and how many must be done.
+LINES, LINE_BYTES, TARGETS, WAKE_FDS, BLOCKS_AT, BLOCKS_N, SOME_COUNT = range(22, 29)
+ROOTS_AT = 29  # then, for each root, the address of its SLEEPING word and its wake pipe's write end
 WORDS = ROOTS_AT + 2 * P.ROOTS
 
 # The probe points, by number (the compiled code's argument to the callback).
@@ -133,14 +143,10 @@ define internal i1 @counted(ptr %plan) alwaysinline {
   ret i1 %d
 }
 
-; SOME_COUNT of the SOME_N blocks at SOME_AT done: each one's DONE at its target.
+; SOME_COUNT of the BLOCKS_N blocks at BLOCKS_AT done: each one's DONE at its target.
 define internal i1 @some_done(ptr %plan) {
 entry:
-  %n = call i64 @word(ptr %plan, i64 @SOME_N)
-  %idsa = call i64 @word(ptr %plan, i64 @SOME_AT)
-  %ids = inttoptr i64 %idsa to ptr
-  %linesa = call i64 @word(ptr %plan, i64 @LINES)
-  %bytes = call i64 @word(ptr %plan, i64 @LINE_BYTES)
+  %n = call i64 @word(ptr %plan, i64 @BLOCKS_N)
   %targetsa = call i64 @word(ptr %plan, i64 @TARGETS)
   %targets = inttoptr i64 %targetsa to ptr
   %count = call i64 @word(ptr %plan, i64 @SOME_COUNT)
@@ -151,12 +157,8 @@ blocks:
   %more = icmp slt i64 %i, %n
   br i1 %more, label %look, label %out
 look:
-  %bp = getelementptr i64, ptr %ids, i64 %i
-  %b = load i64, ptr %bp
-  %at = mul i64 %b, %bytes
-  %la = add i64 %linesa, %at
-  %l = inttoptr i64 %la to ptr
-  %dp = getelementptr i64, ptr %l, i64 @DONE
+  %b = call i64 @block(ptr %plan, i64 %i)
+  %dp = call ptr @block_word(ptr %plan, i64 %b, i64 @DONE)
   %d = load atomic i64, ptr %dp monotonic, align 8
   %tp = getelementptr i64, ptr %targets, i64 %b
   %t = load i64, ptr %tp
@@ -253,8 +255,10 @@ copied:
   %j1 = add i64 %j, 1
   br label %copy
 none:
+  call void @set(ptr %plan, i64 @ACT_DST, i64 0)
   ret i64 0
 refused:
+  call void @set(ptr %plan, i64 @ACT_DST, i64 0)
   ret i64 @REFUSED
 }
 
@@ -316,6 +320,116 @@ write:
   br label %step
 step:
   br label %roots
+out:
+  ret i64 0
+raised:
+  ret i64 @RAISED
+}
+
+; Block %b's control line, word %i (a pointer to it).
+define internal ptr @block_word(ptr %plan, i64 %b, i64 %i) alwaysinline {
+  %linesa = call i64 @word(ptr %plan, i64 @LINES)
+  %bytes = call i64 @word(ptr %plan, i64 @LINE_BYTES)
+  %at = mul i64 %b, %bytes
+  %la = add i64 %linesa, %at
+  %l = inttoptr i64 %la to ptr
+  %p = getelementptr i64, ptr %l, i64 %i
+  ret ptr %p
+}
+
+; The i-th entry of the call's BLOCKS: a block, plus PAYLOAD_FLAG when a payload follows it.
+define internal i64 @entry(ptr %plan, i64 %i) alwaysinline {
+  %idsa = call i64 @word(ptr %plan, i64 @BLOCKS_AT)
+  %ids = inttoptr i64 %idsa to ptr
+  %bp = getelementptr i64, ptr %ids, i64 %i
+  %e = load i64, ptr %bp
+  ret i64 %e
+}
+
+; The i-th block of the call's BLOCKS.
+define internal i64 @block(ptr %plan, i64 %i) alwaysinline {
+  %e = call i64 @entry(ptr %plan, i64 %i)
+  %b = and i64 %e, 4294967295
+  ret i64 %b
+}
+
+; Posting.post of a round to some blocks: the staged actions, each block's command words (PAYLOAD:
+; whether a payload follows), [GO], each one's GO, [SLEEP], a wake-up for each that sleeps.
+define internal i64 @post_blocks(ptr %plan) {
+start:
+  %staging = call i64 @stage(ptr %plan)
+  %ready = icmp eq i64 %staging, 0
+  br i1 %ready, label %entry, label %refused
+refused:
+  ret i64 %staging
+entry:
+  %cmd = call i64 @word(ptr %plan, i64 @CMD)
+  %arg = call i64 @word(ptr %plan, i64 @ARG)
+  %seq = call i64 @word(ptr %plan, i64 @SEQ)
+  %n = call i64 @word(ptr %plan, i64 @BLOCKS_N)
+  br label %words
+words:
+  %i = phi i64 [ 0, %entry ], [ %i1, %write ]
+  %more = icmp slt i64 %i, %n
+  br i1 %more, label %write, label %written
+write:
+  %e = call i64 @entry(ptr %plan, i64 %i)
+  %b = and i64 %e, 4294967295
+  %payload = lshr i64 %e, 32
+  %wc = call ptr @block_word(ptr %plan, i64 %b, i64 @CMDWORD)
+  store atomic i64 %cmd, ptr %wc monotonic, align 8
+  %wa = call ptr @block_word(ptr %plan, i64 %b, i64 @ARGWORD)
+  store atomic i64 %arg, ptr %wa monotonic, align 8
+  %wp = call ptr @block_word(ptr %plan, i64 %b, i64 @PAYLOADWORD)
+  store atomic i64 %payload, ptr %wp monotonic, align 8
+  %i1 = add i64 %i, 1
+  br label %words
+written:
+  %p0 = call i1 @probe(ptr %plan, i64 0)
+  br i1 %p0, label %raised, label %go
+go:
+  fence seq_cst
+  br label %gos
+gos:
+  %j = phi i64 [ 0, %go ], [ %j1, %stored ]
+  %jmore = icmp slt i64 %j, %n
+  br i1 %jmore, label %store, label %posted
+store:
+  %bj = call i64 @block(ptr %plan, i64 %j)
+  %wg = call ptr @block_word(ptr %plan, i64 %bj, i64 @GO)
+  store atomic i64 %seq, ptr %wg monotonic, align 8
+  %j1 = add i64 %j, 1
+  %p1 = call i1 @probe(ptr %plan, i64 1)
+  br i1 %p1, label %raised, label %stored
+stored:
+  br label %gos
+posted:
+  fence seq_cst
+  %fdsa = call i64 @word(ptr %plan, i64 @WAKE_FDS)
+  %fds = inttoptr i64 %fdsa to ptr
+  br label %sleepers
+sleepers:
+  %k = phi i64 [ 0, %posted ], [ %k1, %next ]
+  %kmore = icmp slt i64 %k, %n
+  br i1 %kmore, label %look, label %out
+look:
+  %bk = call i64 @block(ptr %plan, i64 %k)
+  %ws = call ptr @block_word(ptr %plan, i64 %bk, i64 @SLEEPING)
+  %s = load atomic i64, ptr %ws monotonic, align 8
+  %k1 = add i64 %k, 1
+  %asleep = icmp ne i64 %s, 0
+  br i1 %asleep, label %ring, label %next
+ring:
+  %p2 = call i1 @probe(ptr %plan, i64 2)
+  br i1 %p2, label %raised, label %wake
+wake:
+  %fp = getelementptr i64, ptr %fds, i64 %bk
+  %fd64 = load i64, ptr %fp
+  %fd = trunc i64 %fd64 to i32
+  %rang = call i64 @write(i32 %fd, ptr @one, i64 1)
+  br label %next
+next:
+  br label %sleepers
 out:
   ret i64 0
 raised:
@@ -471,6 +585,12 @@ define i64 @shmvec_wait(i64 %plan) {
   ret i64 %r
 }
 
+define i64 @shmvec_post_blocks(i64 %plan) {
+  %p = inttoptr i64 %plan to ptr
+  %r = call i64 @post_blocks(ptr %p)
+  ret i64 %r
+}
+
 define i64 @shmvec_wait_some(i64 %plan) {
   %p = inttoptr i64 %plan to ptr
   %r = call i64 @wait(ptr %p, i64 1)
@@ -528,8 +648,10 @@ _NAMES = {
     "LINES": LINES,
     "LINE_BYTES": LINE_BYTES,
     "TARGETS": TARGETS,
-    "SOME_AT": SOME_AT,
-    "SOME_N": SOME_N,
+    "WAKE_FDS": WAKE_FDS,
+    "BLOCKS_AT": BLOCKS_AT,
+    "BLOCKS_N": BLOCKS_N,
+    "PAYLOADWORD": P.PAYLOAD,
     "SOME_COUNT": SOME_COUNT,
     "ANY_BLOCK": P.ANY_BLOCK,
     "POLL_MS": round(POLL_S * 1000),
@@ -545,6 +667,7 @@ def ir() -> str:
     return text
 
 
+_EXPORTED = ("post", "wait", "round", "wait_some", "post_blocks")
 _functions: dict[str, Any] = {}
 _compiling = threading.Lock()
 # What a probe raised, per thread, for the call that ran it to raise.
@@ -597,7 +720,7 @@ def _compiled() -> dict[str, Any]:
             engine = jit(ir())
             kind = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)  # releases the GIL while it runs
             functions: dict[str, Any] = {
-                name: kind(engine.get_function_address("shmvec_" + name)) for name in ("post", "wait", "round", "wait_some")
+                name: kind(engine.get_function_address("shmvec_" + name)) for name in _EXPORTED
             }
             callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int64)(_call_probe)
             functions["probe"] = callback  # (kept alive: the compiled code holds its address)
@@ -624,7 +747,7 @@ class BroadcastRound:
     def __init__(self, ctrl: np.ndarray, workers: WorkerProcesses, num_workers: int, policy: SpinPolicy) -> None:
         functions = _compiled()
         self._post, self._wait, self._round = functions["post"], functions["wait"], functions["round"]
-        self._wait_some = functions["wait_some"]
+        self._wait_some, self._post_blocks = functions["wait_some"], functions["post_blocks"]
         self._probe_address = functions["probe_address"]
         self._ctrl, self._watched = ctrl, workers.watched  # (held: the plan points into both)
         words = self._words = np.zeros(WORDS, dtype=np.int64)
@@ -642,36 +765,48 @@ class BroadcastRound:
             plan[ROOTS_AT + 2 * i + 1] = workers.wake_fds[block]
         plan[TIMEOUT] = -1
         self._timeout: float | None = None
-        # Each block's target, the pool's record (WorkerPool._target is this memoryview), and
-        # the blocks a wait_some watches.
+        # Each block's target, the pool's record (WorkerPool._target is this memoryview), the
+        # blocks of a call, and each worker's wake pipe (made once per block: a replacement
+        # reads the same one).
         blocks = len(ctrl) - 1
-        self._targets, self._some = np.zeros(blocks, dtype=np.int64), np.zeros(blocks, dtype=np.int64)
+        self._targets, self._blocks = np.zeros(blocks, dtype=np.int64), np.zeros(blocks, dtype=np.int64)
         self.targets = self._targets.data
+        self._wake_fds = np.array(workers.wake_fds + [-1] * (blocks - num_workers), dtype=np.int64)
         plan[LINES], plan[LINE_BYTES] = ctrl.ctypes.data, ctrl.strides[0]
-        plan[TARGETS], plan[SOME_AT] = self._targets.ctypes.data, self._some.ctypes.data
+        plan[TARGETS], plan[BLOCKS_AT] = self._targets.ctypes.data, self._blocks.ctypes.data
+        plan[WAKE_FDS] = self._wake_fds.ctypes.data
         self._address = ctypes.c_int64(words.ctypes.data)
 
-    def check_actions(self, staging: np.ndarray, low: int, high: int, ignored: np.ndarray | None) -> None:
-        """Let :meth:`run` take a staged action batch: ``staging``, int64 ``[n]``, whose rows
-        must each fall in ``[low, high)`` but where ``ignored`` (bool ``[n]``, or ``None``) is
-        set; the round copies it to the actions' region it is given, before it posts.
+    def check_actions(self, staging: np.ndarray, low: int, high: int) -> None:
+        """Let a post take a staged action batch (its ``actions``) from ``staging``, int64,
+        whose rows must each fall in ``[low, high)``.
         """
-        self._staging, self._ignored = staging, ignored  # (held: the plan points into both)
+        self._staging = staging  # (held: the plan points into it)
         plan = self.plan
-        plan[ACT_N], plan[ACT_SRC] = len(staging), staging.ctypes.data
-        plan[ACT_LOW], plan[ACT_HIGH] = low, high
-        plan[ACT_MASK] = 0 if ignored is None else ignored.ctypes.data
+        plan[ACT_SRC], plan[ACT_LOW], plan[ACT_HIGH] = staging.ctypes.data, low, high
 
-    def run(self, cmd: int, arg: int, seq: int, timeout: float | None, actions: int = 0) -> int:
+    def _stage(self, actions: Staged | None) -> None:
+        """The plan's words of a post's staged batch (every post writes them: none is left over)."""
+        plan = self.plan
+        if actions is None:
+            plan[ACT_DST] = 0
+        else:
+            plan[ACT_N], plan[ACT_DST], plan[ACT_MASK] = actions
+
+    def run(self, cmd: int, arg: int, seq: int, timeout: float | None, actions: Staged | None = None) -> int:
         """Post round ``seq`` (``cmd`` with ``arg``) and wait for it: :data:`QUIET` or
         :data:`DONE` once every worker has counted itself done; :data:`NOT_DONE` when the
         general wait must take it (a worker's sentinel, ``timeout`` since the post, a signal,
-        or ``POLL_S`` with no wake-up). ``actions``: the address of the actions' region that
-        the staged batch goes to (:meth:`check_actions`; 0: nothing staged); :data:`REFUSED`
-        when a row is out of bounds, with nothing written or posted.
+        or ``POLL_S`` with no wake-up).
+
+        ``actions``: ``(n, dst, ignored)``, a staged batch: the first ``n`` rows of the staging
+        row (:meth:`check_actions`) are checked, but where the bool mask at address ``ignored``
+        is set (0: none), then copied to address ``dst``, before anything is posted;
+        :data:`REFUSED` when a row is out of bounds, with nothing written or posted.
         """
         plan = self.plan
-        plan[CMD], plan[ARG], plan[SEQ], plan[ACT_DST] = cmd, arg, seq, actions
+        plan[CMD], plan[ARG], plan[SEQ] = cmd, arg, seq
+        self._stage(actions)
         if timeout != self._timeout:
             plan[TIMEOUT] = _nanoseconds(timeout)
             self._timeout = timeout
@@ -692,9 +827,9 @@ class BroadcastRound:
         quiet ``POLL_S``; the general wait goes on from there.
         """
         n = len(block_ids)
-        self._some[:n] = block_ids
+        self._blocks[:n] = block_ids
         plan = self.plan
-        plan[SOME_N], plan[SOME_COUNT] = n, count
+        plan[BLOCKS_N], plan[SOME_COUNT] = n, count
         if probes.probe:
             plan[PROBE] = self._probe_address
             return _probed(self._wait_some, self._address) < NOT_DONE
@@ -713,16 +848,31 @@ class BroadcastRound:
         """The times this round's wait has blocked in ``poll``, since the pool started."""
         return int(self.plan[SLEEPS])
 
-    def post(self, cmd: int, arg: int, seq: int) -> None:
-        """Post round ``seq``, not waiting for it."""
+    def post(self, cmd: int, arg: int, seq: int, actions: Staged | None = None) -> int:
+        """Post round ``seq``, not waiting for it: 0, or :data:`REFUSED` (``actions``: see :meth:`run`)."""
         plan = self.plan
-        plan[CMD], plan[ARG], plan[SEQ], plan[ACT_DST] = cmd, arg, seq, 0
+        plan[CMD], plan[ARG], plan[SEQ] = cmd, arg, seq
+        self._stage(actions)
         if probes.probe:
             plan[PROBE] = self._probe_address
-            _probed(self._post, self._address)
-        else:
-            plan[PROBE] = 0
-            self._post(self._address)
+            return _probed(self._post, self._address)
+        plan[PROBE] = 0
+        return self._post(self._address)
+
+    def post_blocks(self, cmd: int, arg: int, seq: int, block_ids: list[int], actions: Staged | None = None) -> int:
+        """Post round ``seq`` to the worker blocks ``block_ids``, on each one's line, a block
+        plus :data:`PAYLOAD_FLAG` where a payload follows on its pipe (``Posting.post``'s
+        words, barriers and wake-ups): 0, or :data:`REFUSED` (``actions``: see :meth:`run`).
+        """
+        plan = self.plan
+        self._blocks[: len(block_ids)] = block_ids
+        plan[CMD], plan[ARG], plan[SEQ], plan[BLOCKS_N] = cmd, arg, seq, len(block_ids)
+        self._stage(actions)
+        if probes.probe:
+            plan[PROBE] = self._probe_address
+            return _probed(self._post_blocks, self._address)
+        plan[PROBE] = 0
+        return self._post_blocks(self._address)
 
     def wait(self, timeout: float | None) -> bool:
         """Wait for the round posted last, as :meth:`run` does: whether it is done."""

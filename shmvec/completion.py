@@ -39,9 +39,10 @@ class Completion:
     num_workers : int
     policy : SpinPolicy
         How main spins before it blocks (the compiled broadcast round keeps its own budget).
-    target, submitted, commands : list
+    target : memoryview
+    submitted, commands : list
         The pool's per-block records (shared, not copied): the sequence number each block
-        must reach, when it was submitted, its command.
+        must reach (``BroadcastRound.targets``), when it was submitted, its command.
     round_ : BroadcastRound
         The compiled broadcast round, whose wait :meth:`wait_counted` runs.
     """
@@ -52,7 +53,7 @@ class Completion:
         workers: WorkerProcesses,
         num_workers: int,
         policy: SpinPolicy,
-        target: list[int],
+        target: memoryview,
         submitted: list[float],
         commands: list[int],
         round_: BroadcastRound,

@@ -27,7 +27,7 @@ from shmvec import protocol as P
 from shmvec.barrier import fence
 from shmvec.barrier import prepare as prepare_barrier
 from shmvec.blocks import split
-from shmvec.broadcast import NOT_DONE, QUIET, REFUSED, BroadcastRound
+from shmvec.broadcast import NOT_DONE, QUIET, REFUSED, BroadcastRound, Staged
 from shmvec.checks import usable_cores
 from shmvec.completion import Completion, Failures
 from shmvec.errors import ClosedError, WorkerError
@@ -249,6 +249,7 @@ class WorkerPool:
         arg: int = 0,
         fd: int | None = None,
         state: BlockState = BlockState.IN_FLIGHT,
+        actions: Staged | None = None,
     ) -> None:
         """Start ``cmd`` (with argument ``arg``) on the blocks ``block_ids`` and put them in ``state``;
         ``fd`` is a descriptor that follows each payload on the pipe.
@@ -256,7 +257,8 @@ class WorkerPool:
         Asynchronous rounds leave the blocks IN_FLIGHT until :meth:`receive` takes their
         results; :meth:`run` submits with IDLE, as it collects them itself. Worker blocks start
         and run on their own. The main block, if listed, is parked for :meth:`wait` to run, and
-        its result for the collection (``Replies.collect``) to take.
+        its result for the collection (``Replies.collect``) to take. ``actions``: a staged
+        action batch for the workers' blocks (``Posting.post``).
         """
         if self.state is not _OPEN:
             self._refuse_closed()
@@ -286,7 +288,7 @@ class WorkerPool:
                     commands[block] = cmd
                     states[block] = state
             try:
-                self.posting.post(cmd, arg, seq, block_ids, payloads, blobs, fd)
+                self.posting.post(cmd, arg, seq, block_ids, payloads, blobs, fd, actions)
             except BaseException:
                 self._interrupted(block_ids, seq)
                 raise
@@ -437,17 +439,16 @@ class WorkerPool:
         return self._collect(ids, failures, timeout)
 
     def broadcast(
-        self, cmd: int, arg: int = 0, timeout: float | None = None, actions: int = 0
+        self, cmd: int, arg: int = 0, timeout: float | None = None, actions: Staged | None = None
     ) -> tuple[list, Failures] | None:
         """:meth:`run` of ``cmd`` with ``arg`` for every worker, where :attr:`broadcasts`: the
         training loop's round, :meth:`submit` and :meth:`wait` cut to what a broadcast needs.
         The compiled round posts it and waits; the per-block records are written only for a
         round that needs them (a reply to collect, a fault to judge, a Ctrl-C).
 
-        ``actions``: the address of the actions' region that a staged batch goes to
-        (:meth:`BroadcastRound.check_actions`; 0: nothing staged). ``None`` when the compiled
-        check refused a row of it: nothing was written or posted, and the caller's own check
-        says why.
+        ``actions``: a staged action batch (:meth:`BroadcastRound.run`). ``None`` when the
+        compiled check refused a row of it: nothing was written or posted, and the caller's
+        own check says why.
         """
         if self.state is not _OPEN:
             self._refuse_closed()

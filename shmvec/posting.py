@@ -16,11 +16,9 @@ from contextlib import contextmanager
 
 from shmvec import probes
 from shmvec import protocol as P
-from shmvec.barrier import fence
-from shmvec.broadcast import BroadcastRound
+from shmvec.broadcast import PAYLOAD_FLAG, BroadcastRound, Refused, Staged
 from shmvec.errors import PayloadError
 from shmvec.processes import WorkerProcesses
-from shmvec.sync import ring
 
 __all__ = ["Posting", "pickle_payloads", "sigint_held"]
 
@@ -92,13 +90,15 @@ class Posting:
         payloads: list | None,
         blobs: dict[int, bytes] | None,
         fd: int | None,
+        actions: Staged | None = None,
     ) -> None:
         """Post round ``seq``: ``cmd`` with ``arg`` to the worker blocks ``block_ids``, each with
         its pickled payload in ``blobs`` (and ``fd`` after it): as a broadcast where it is one
         command, with no payload, for every worker; otherwise on each block's line, waking
-        those that sleep.
+        those that sleep. ``actions``: a staged action batch (``BroadcastRound.run``), checked
+        and copied first; :class:`~shmvec.broadcast.Refused` if a row is out of bounds, with
+        nothing posted.
         """
-        probe = probes.probe
         if blobs:
             # A GO and its payload go together: a Ctrl-C between them would leave the worker
             # waiting for a payload never sent (SIGINT is held until both are out).
@@ -107,37 +107,24 @@ class Posting:
                 self._send(block_ids, blobs, fd)
             return
         if payloads is None and fd is None and len(block_ids) == self.num_workers:
-            self.post_broadcast(cmd, arg, seq)
+            self.post_broadcast(cmd, arg, seq, actions)
             return
-        # Per block, on each block's line.
-        lines = self.lines
+        # Per block, on each block's line (the compiled round posts it; PAYLOAD says which get one).
         self.broadcast = False
-        for block in block_ids:
-            line = lines[block]
-            line[P.CMD] = cmd
-            line[P.ARG] = arg
-            line[P.PAYLOAD] = 1 if payloads is not None and payloads[block] is not None else 0
-        if probe:
-            probe("main:post")
-        fence()  # ordering [GO]: the actions and the command words before GO
-        for block in block_ids:
-            lines[block][P.GO] = seq
-            if probe:
-                probe("main:posted")
-        fence()  # ordering [SLEEP]: GO before reading each worker's SLEEPING
-        wake_fds = self.workers.wake_fds
-        for block in block_ids:
-            if lines[block][P.SLEEPING]:
-                ring(wake_fds[block])
+        if payloads is not None:
+            block_ids = [b + PAYLOAD_FLAG if payloads[b] is not None else b for b in block_ids]
+        if self.round.post_blocks(cmd, arg, seq, block_ids, actions):
+            raise Refused
 
-    def post_broadcast(self, cmd: int, arg: int, seq: int) -> None:
+    def post_broadcast(self, cmd: int, arg: int, seq: int, actions: Staged | None = None) -> None:
         """Post round ``seq`` as a broadcast: ``cmd`` with ``arg`` to every worker at once, on
         main's line, with at most ``protocol.ROOTS`` wake-ups (the tree's roots; the workers
         relay the others, ``protocol.relay_children``). The compiled round posts it
         (:meth:`shmvec.broadcast.BroadcastRound.post`).
         """
         self.broadcast = True
-        self.round.post(cmd, arg, seq)
+        if self.round.post(cmd, arg, seq, actions):
+            raise Refused
 
     def _send(self, block_ids: list[int], blobs: dict[int, bytes], fd: int | None) -> None:
         """Send each block of ``block_ids`` its pickled payload (and ``fd`` after it)."""

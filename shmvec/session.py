@@ -21,6 +21,7 @@ from gymnasium.vector import AutoresetMode
 
 from shmvec.actions import ActionBatch
 from shmvec.async_batches import Batch, Batches
+from shmvec.broadcast import Refused, Staged
 from shmvec.errors import NonFiniteError, NothingInFlightError, PayloadError, WorkerDied, WorkerError
 from shmvec.info_columns import ColumnReader, InfoLayout, InfoSchema
 from shmvec.infos import InfoMerger
@@ -112,7 +113,9 @@ class Session:
         self.staging = None
         if bounds is not None and self.pool.broadcasts:
             self.staging = np.zeros(self.num_envs, np.int64)
-            self.pool.round.check_actions(self.staging, *bounds, self.ignored)
+            self.pool.round.check_actions(self.staging, *bounds)
+            # The compiled check skips the rows of envs the next step resets (see ignored).
+            self._ignored_at = 0 if self.ignored is None else self.ignored.ctypes.data
 
     def release(self) -> None:
         """Drop this session's views of the segments, once its pool is shut down: the memory is
@@ -178,15 +181,17 @@ class Session:
             broadcast = taken is None and pool.broadcasts
             # A Discrete batch is staged, and checked and copied by the compiled round.
             staging = self.staging if broadcast and out.act_address else None
-            staged = staging is not None and self.actions.stage(actions, staging)
-            if not staged:
+            staged = None
+            if staging is not None and self.actions.stage(actions, staging, self.num_envs):
+                staged = self.num_envs, out.act_address, self._ignored_at
+            else:
                 self.actions.write(actions, out.act, self.num_envs, self.ignored)
             if out is self.home and self.latest is not out.obs:
                 self.to_home()
             self.held = None
             try:  # (as _run does; a broadcast where it is one, without run's tests of its arguments)
                 if broadcast:
-                    result = pool.broadcast(cmd, arg, None, out.act_address if staged else 0)
+                    result = pool.broadcast(cmd, arg, None, staged)
                 else:
                     on_done = None if taken is None else taken.block
                     result = pool.run(cmd, None, None, None, arg, None, on_done)
@@ -237,7 +242,8 @@ class Session:
             except NonFiniteError as exc:
                 # Nothing is lost: the next recv() hands this batch over as it is.
                 exc.env_ids = batch.ids
-                self.held = (*self.results.batch(batch.rows, batch.contiguous, copy, batch.views), exc.infos, batch.ids), batch
+                results = self.results.batch(batch.rows, batch.contiguous, copy, batch.views)
+                self.held = (*results, exc.infos, batch.ids), batch
                 raise
             return (*self.results.batch(batch.rows, batch.contiguous, copy, batch.views), infos, batch.ids), batch
         finally:
@@ -304,16 +310,40 @@ class Session:
             self.state = Lifecycle.NEEDS_RESET
         self.closing.after(type(exc))
 
-    def submit(self, cmd: int, blocks: list[int], payloads: list | None) -> None:
-        """Start ``cmd`` on ``blocks`` without waiting (asynchronous collection)."""
+    def submit(self, cmd: int, blocks: list[int], payloads: list | None, actions: Staged | None = None) -> None:
+        """Start ``cmd`` on ``blocks`` without waiting (asynchronous collection); ``actions``:
+        a staged batch (see :meth:`send`).
+        """
         self.held = None
         if self.latest is not self.home.obs:
             self.to_home()  # (before the workers write there: the envs not submitted keep theirs)
         try:  # (ClosingOnError's work, as in _run)
-            self.pool.submit(cmd, blocks, payloads)
+            self.pool.submit(cmd, blocks, payloads, actions=actions)
+        except Refused:  # nothing was posted: the Python check says why
+            raise
         except BaseException as exc:
             self.closing.after(type(exc))
             raise
+
+    def send(self, actions: Any, batch: Batch) -> None:
+        """Step the envs of ``batch`` with ``actions`` without waiting. A Discrete batch of
+        adjacent envs is staged, and checked and copied by the compiled post; any other is
+        checked and written here (:meth:`write_actions`).
+        """
+        staged = None
+        act_address = self.home.act_address
+        if self.staging is not None and batch.contiguous and act_address:
+            n, start = len(batch.ids), batch.rows.start  # type: ignore[union-attr]
+            if self.actions.stage(actions, self.staging, n):
+                ignored = self._ignored_at
+                staged = n, act_address + 8 * start, ignored + start if ignored else 0
+        if staged is None:
+            self.write_actions(actions, self.home.act, batch)
+        try:
+            self.submit(_STEP, batch.blocks, None, staged)
+        except Refused:
+            self.write_actions(actions, self.home.act, batch)  # (raises why)
+            raise AssertionError("the compiled check refused actions that ActionBatch.write accepts") from None
 
     def drain(self) -> None:
         """Wait for every command in flight and drop its results (before a synchronous round:

@@ -167,3 +167,61 @@ def test_what_cannot_be_staged_is_checked_as_before(actions, error, message):
         envs.step(np.zeros(4, np.int64))
     finally:
         envs.close()
+
+
+# -- a send's Discrete batch, staged for the compiled post of its blocks --------------------------------
+def test_a_sends_discrete_batch_is_checked_and_copied_by_the_compiled_post():
+    """A send of adjacent blocks stages its batch: the actions reach those blocks' rows, one out of
+    bounds is refused with the check's own message and nothing posted (the block stays idle),
+    and the env goes on with every row right."""
+    envs = shmvec.ShmVecEnv(counting_fns(6), num_workers=3, batch_size=2, context="fork")
+    try:
+        session = envs._session
+        rows = Rows(6)
+        rows.reset(envs.reset(seed=0)[0])
+        envs.send(np.array([1, 1]), [2, 3])
+        assert session.home.act[0][2:4].tolist() == [1, 1]
+        *out, got = envs.recv()
+        rows.step(*out, env_ids=got)
+        with pytest.raises(ValueError, match=r"actions\[1\] = 2 is outside"):
+            envs.send(np.array([0, 2]), [4, 5])
+        assert session.home.act[0][4:6].tolist() == [0, 0]  # nothing written
+        assert not session.in_flight()  # nothing posted
+        for ids in ([4, 5], [0, 1], [2, 3]):
+            envs.send(np.zeros(2, np.int32), ids)
+            *out, got = envs.recv()
+            assert got.tolist() == ids
+            rows.step(*out, env_ids=got)
+        assert not envs.closed
+    finally:
+        envs.close()
+
+
+def test_a_sends_ignored_action_is_not_checked_and_a_scattered_batch_is_checked_in_python():
+    """Under NEXT_STEP, the row of an env whose episode ended is not checked (any value passes
+    there, and only there): in a staged batch that starts past env 0 (its mask read from there)
+    and in one of blocks apart (checked in Python)."""
+    envs = shmvec.ShmVecEnv(counting_fns(6), num_workers=3, batch_size=4, context="fork")
+    try:
+        session = envs._session
+        rows = Rows(6)
+        rows.reset(envs.reset(seed=0)[0])
+
+        def step(ids, actions):
+            envs.send(np.array(actions), ids)
+            *out, got = envs.recv()
+            assert got.tolist() == ids
+            rows.step(*out, env_ids=got)
+
+        for _ in range(5):  # env 4's episode is 5 steps (env 5's 6)
+            step([2, 3, 4, 5], [0, 0, 0, 0])
+        assert session.autoreset.tolist() == [False, False, False, False, True, False]
+        with pytest.raises(ValueError, match=r"actions\[3\] = 7 is outside"):
+            envs.send(np.array([0, 0, 0, 7]), [2, 3, 4, 5])
+        step([2, 3, 4, 5], [0, 0, 7, 0])  # (staged: adjacent blocks)
+        assert session.autoreset.tolist() == [False, False, False, False, False, True]
+        with pytest.raises(ValueError, match=r"actions\[2\] = 7 is outside"):
+            envs.send(np.array([0, 0, 7, 0]), [0, 1, 4, 5])
+        step([0, 1, 4, 5], [0, 0, 0, 7])  # (blocks apart: checked in Python)
+    finally:
+        envs.close()
