@@ -220,20 +220,19 @@ class ActionBatch:
         start = int(leaf.space.start)
         return start, start + int(leaf.space.n)
 
-    def stage(self, actions: Any, staging: np.ndarray, n: int) -> bool:
-        """Write a batch of ``n`` integers (or booleans) into the first ``n`` rows of
-        ``staging``, unchecked: the compiled round checks it against :meth:`bounds` and copies
-        it where it goes. False, with nothing written, for anything else (:meth:`write` then
-        checks it, and says what is wrong).
+    def stage(self, actions: Any, staging: np.ndarray) -> bool:
+        """Write a batch of integers (or booleans) of ``staging``'s shape into it, unchecked: the
+        compiled round checks it against :meth:`bounds` and copies it where it goes. False, with
+        nothing written, for anything else (:meth:`write` then checks it, and says what is wrong).
         """
         a = actions if type(actions) is np.ndarray else np.asarray(actions)
-        if a.shape != (n,):
+        if a.shape != staging.shape:
             return False
         kind = a.dtype.kind
         # (uint64 can wrap into range as int64; floats are refused by the check's message)
         if kind != "i" and kind != "b" and (kind != "u" or a.itemsize == 8):
             return False
-        staging[:n] = a
+        staging[...] = a
         return True
 
     def _checked(self, k: int, part: Any, shape: tuple[int, ...], ignored: np.ndarray | None) -> np.ndarray:

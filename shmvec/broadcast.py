@@ -770,7 +770,7 @@ class BroadcastRound:
         # reads the same one).
         blocks = len(ctrl) - 1
         self._targets, self._blocks = np.zeros(blocks, dtype=np.int64), np.zeros(blocks, dtype=np.int64)
-        self.targets = self._targets.data
+        self.targets, self._blocks_at = self._targets.data, self._blocks.data
         self._wake_fds = np.array(workers.wake_fds + [-1] * (blocks - num_workers), dtype=np.int64)
         plan[LINES], plan[LINE_BYTES] = ctrl.ctypes.data, ctrl.strides[0]
         plan[TARGETS], plan[BLOCKS_AT] = self._targets.ctypes.data, self._blocks.ctypes.data
@@ -785,14 +785,6 @@ class BroadcastRound:
         plan = self.plan
         plan[ACT_SRC], plan[ACT_LOW], plan[ACT_HIGH] = staging.ctypes.data, low, high
 
-    def _stage(self, actions: Staged | None) -> None:
-        """The plan's words of a post's staged batch (every post writes them: none is left over)."""
-        plan = self.plan
-        if actions is None:
-            plan[ACT_DST] = 0
-        else:
-            plan[ACT_N], plan[ACT_DST], plan[ACT_MASK] = actions
-
     def run(self, cmd: int, arg: int, seq: int, timeout: float | None, actions: Staged | None = None) -> int:
         """Post round ``seq`` (``cmd`` with ``arg``) and wait for it: :data:`QUIET` or
         :data:`DONE` once every worker has counted itself done; :data:`NOT_DONE` when the
@@ -806,7 +798,10 @@ class BroadcastRound:
         """
         plan = self.plan
         plan[CMD], plan[ARG], plan[SEQ] = cmd, arg, seq
-        self._stage(actions)
+        if actions is None:  # (every post writes these: no staged batch outlives its call)
+            plan[ACT_DST] = 0
+        else:
+            plan[ACT_N], plan[ACT_DST], plan[ACT_MASK] = actions
         if timeout != self._timeout:
             plan[TIMEOUT] = _nanoseconds(timeout)
             self._timeout = timeout
@@ -826,10 +821,10 @@ class BroadcastRound:
         for any block: whether they are. Not done: a sentinel (of any worker), a signal or a
         quiet ``POLL_S``; the general wait goes on from there.
         """
-        n = len(block_ids)
-        self._blocks[:n] = block_ids
-        plan = self.plan
-        plan[BLOCKS_N], plan[SOME_COUNT] = n, count
+        plan, blocks = self.plan, self._blocks_at
+        for i, block in enumerate(block_ids):
+            blocks[i] = block
+        plan[BLOCKS_N], plan[SOME_COUNT] = len(block_ids), count
         if probes.probe:
             plan[PROBE] = self._probe_address
             return _probed(self._wait_some, self._address) < NOT_DONE
@@ -852,7 +847,10 @@ class BroadcastRound:
         """Post round ``seq``, not waiting for it: 0, or :data:`REFUSED` (``actions``: see :meth:`run`)."""
         plan = self.plan
         plan[CMD], plan[ARG], plan[SEQ] = cmd, arg, seq
-        self._stage(actions)
+        if actions is None:  # (every post writes these: no staged batch outlives its call)
+            plan[ACT_DST] = 0
+        else:
+            plan[ACT_N], plan[ACT_DST], plan[ACT_MASK] = actions
         if probes.probe:
             plan[PROBE] = self._probe_address
             return _probed(self._post, self._address)
@@ -864,10 +862,14 @@ class BroadcastRound:
         plus :data:`PAYLOAD_FLAG` where a payload follows on its pipe (``Posting.post``'s
         words, barriers and wake-ups): 0, or :data:`REFUSED` (``actions``: see :meth:`run`).
         """
-        plan = self.plan
-        self._blocks[: len(block_ids)] = block_ids
+        plan, blocks = self.plan, self._blocks_at
+        for i, block in enumerate(block_ids):  # (a few items: cheaper than numpy's conversion of a list)
+            blocks[i] = block
         plan[CMD], plan[ARG], plan[SEQ], plan[BLOCKS_N] = cmd, arg, seq, len(block_ids)
-        self._stage(actions)
+        if actions is None:  # (every post writes these: no staged batch outlives its call)
+            plan[ACT_DST] = 0
+        else:
+            plan[ACT_N], plan[ACT_DST], plan[ACT_MASK] = actions
         if probes.probe:
             plan[PROBE] = self._probe_address
             return _probed(self._post_blocks, self._address)

@@ -349,7 +349,9 @@ class WorkerPool:
             ready = sorted(set(ready) | set(failures))
         if len(ready) > count:
             target = self._target
-            ready = sorted(sorted(ready, key=lambda b: (b not in failures, target[b]))[:count])
+            # (the usual case, no failure: a key in C; sorted() keeps block order among equals)
+            key = target.__getitem__ if not failures else lambda b: (b not in failures, target[b])
+            ready = sorted(sorted(ready, key=key)[:count])
         if failures:
             failures = {b: e for b, e in failures.items() if b in ready}
             replies, failed = self.replies.collect([b for b in ready if b not in failures], self.timeout, main)

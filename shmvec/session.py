@@ -113,9 +113,11 @@ class Session:
         self.staging = None
         if bounds is not None and self.pool.broadcasts:
             self.staging = np.zeros(self.num_envs, np.int64)
+            self._staging_rows: dict[int, np.ndarray] = {}  # a batch's rows of it, by their number
             self.pool.round.check_actions(self.staging, *bounds)
             # The compiled check skips the rows of envs the next step resets (see ignored).
             self._ignored_at = 0 if self.ignored is None else self.ignored.ctypes.data
+            self._home_staged = self.num_envs, self.home.act_address, self._ignored_at  # (a step's, made once)
 
     def release(self) -> None:
         """Drop this session's views of the segments, once its pool is shut down: the memory is
@@ -182,8 +184,8 @@ class Session:
             # A Discrete batch is staged, and checked and copied by the compiled round.
             staging = self.staging if broadcast and out.act_address else None
             staged = None
-            if staging is not None and self.actions.stage(actions, staging, self.num_envs):
-                staged = self.num_envs, out.act_address, self._ignored_at
+            if staging is not None and self.actions.stage(actions, staging):
+                staged = self._home_staged if out is self.home else (self.num_envs, out.act_address, self._ignored_at)
             else:
                 self.actions.write(actions, out.act, self.num_envs, self.ignored)
             if out is self.home and self.latest is not out.obs:
@@ -334,7 +336,10 @@ class Session:
         act_address = self.home.act_address
         if self.staging is not None and batch.contiguous and act_address:
             n, start = len(batch.ids), batch.rows.start  # type: ignore[union-attr]
-            if self.actions.stage(actions, self.staging, n):
+            staging = self._staging_rows.get(n)
+            if staging is None:
+                staging = self._staging_rows[n] = self.staging[:n]
+            if self.actions.stage(actions, staging):
                 ignored = self._ignored_at
                 staged = n, act_address + 8 * start, ignored + start if ignored else 0
         if staged is None:
