@@ -425,7 +425,8 @@ class WorkerPool:
         if block_ids is None and payloads is None and on_done is None and fd is None and self.broadcasts:
             result = self.broadcast(cmd, arg, timeout)
             assert result is not None  # (nothing staged: nothing to refuse)
-            return result
+            replies, failures = result
+            return ([None] * len(self.blocks) if replies is None else replies), failures
         if timeout is None:
             timeout = self.timeout
         ids = self.all_blocks if block_ids is None else block_ids
@@ -442,11 +443,12 @@ class WorkerPool:
 
     def broadcast(
         self, cmd: int, arg: int = 0, timeout: float | None = None, actions: Staged | None = None
-    ) -> tuple[list, Failures] | None:
+    ) -> tuple[list | None, Failures] | None:
         """:meth:`run` of ``cmd`` with ``arg`` for every worker, where :attr:`broadcasts`: the
         training loop's round, :meth:`submit` and :meth:`wait` cut to what a broadcast needs.
         The compiled round posts it and waits; the per-block records are written only for a
-        round that needs them (a reply to collect, a fault to judge, a Ctrl-C).
+        round that needs them (a reply to collect, a fault to judge, a Ctrl-C). The replies are
+        ``None`` when no worker replied (a quiet round; :meth:`run` makes them a list).
 
         ``actions``: a staged action batch (:meth:`BroadcastRound.run`). ``None`` when the
         compiled check refused a row of it: nothing was written or posted, and the caller's
@@ -460,7 +462,7 @@ class WorkerPool:
         try:
             code = self.round.run(cmd, arg, seq, timeout, actions)
             if code == QUIET:  # every worker done, none replied: nothing to collect, nothing to record
-                return [None] * len(self.blocks), {}
+                return None, {}
             if code == REFUSED:
                 return None
             self._record(cmd, seq)

@@ -252,7 +252,7 @@ class Session:
             hooks.leave()
 
     def _after(
-        self, replies: list, restarted: Sequence[int], out: Targets, same_step: bool, batch: Batch | None = None
+        self, replies: list | None, restarted: Sequence[int], out: Targets, same_step: bool, batch: Batch | None = None
     ) -> dict[str, Any]:
         """What follows every step round (``step``, a rollout's row, ``recv``), written once: the
         infos of the ``replies`` merged as Gymnasium merges them (after the first synchronous
@@ -261,8 +261,13 @@ class Session:
 
         A caller-side per-step feature goes here: ``out`` holds the step's results, in the rows
         of ``batch`` (``None``: every env; an asynchronous batch's infos teach no columns, as
-        attaching them is a round of every block while others are in flight).
+        attaching them is a round of every block while others are in flight). ``replies`` is
+        ``None`` after a quiet broadcast round (no block replied, none restarted).
         """
+        if replies is None:
+            if self.infos.columns is None and not self.check_finite:
+                return {}  # (what the merge would find: no report, no column, nothing to test)
+            replies = []
         if batch is None:
             infos = self.infos.merge(replies, same_step, out, restarted)
             if infos and self._learn_infos:
