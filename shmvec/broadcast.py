@@ -1,13 +1,17 @@
-"""Main's side of a broadcast round compiled to machine code: post it, wake the tree's roots,
-spin, then sleep until the last worker's count, in one call that holds no Python objects.
+"""Main's side of a round compiled to machine code: post a broadcast, wake the tree's roots,
+spin, then sleep until the last worker's count, in one call that holds no Python objects; post
+a round to some blocks (``post_blocks``), or wait for some of them (``wait_some``), the same way.
 
 A broadcast round (one command for every worker, no payload: every ``step`` of a training
 loop) is the round whose caller's work bounds a fast env's throughput. Done in Python, its
 posting, spinning and sleeping took about 27,000 instructions a round; here they take a
-ctypes call. The code is LLVM IR compiled by llvmlite (numba's backend, always installed with
-shmvec, :func:`shmvec.barrier.jit`), run on a *plan*: an int64 array this module fills once per
-pool (the control line's address, the roots' wake pipes, the descriptors to watch) and per
-round (the command, its argument and number, the timeout).
+ctypes call. An asynchronous ``send`` and ``recv`` use the per-block calls. A staged Discrete
+action batch is checked and copied by the post, before anything is stored.
+
+The code is LLVM IR compiled by llvmlite (numba's backend, always installed with shmvec,
+:func:`shmvec.barrier.jit`), run on a *plan*: an int64 array this module fills once per pool
+(the control lines' addresses, the wake pipes, the descriptors to watch, the blocks' targets)
+and per call (the command, its argument and number, the timeout, the blocks, a staged batch).
 
 It does what the Python waits do, in the same order, with the same barriers
 (``docs/architecture.md``, "Memory ordering": [GO], [SLEEP], [DONE]) and the same probe

@@ -1,4 +1,4 @@
-"""The compiled broadcast round (``shmvec.broadcast``) on its own terms: its IR is whole, its plan
+"""The compiled round (``shmvec.broadcast``) on its own terms: its IR is whole, its plan
 says what it did, and its wait hands a dead worker to the general wait.
 
 Its fault paths, struck at each of the caller's points, are in ``tests/test_round_faults.py``.
