@@ -111,7 +111,7 @@ class Session:
         self.actions = ActionBatch(self.pool.spaces.action_space, validate)
         bounds = self.actions.bounds()
         self.staging = None
-        if bounds is not None and self.pool.broadcasts:
+        if bounds is not None and self.pool.broadcasts and self.pool.round is not None:  # (None: closed)
             self.staging = np.zeros(self.num_envs, np.int64)
             self._staging_rows: dict[int, np.ndarray] = {}  # a batch's rows of it, by their number
             self.pool.round.check_actions(self.staging, *bounds)
@@ -190,7 +190,7 @@ class Session:
                 self.actions.write(actions, out.act, self.num_envs, self.ignored)
             if out is self.home and self.latest is not out.obs:
                 self.to_home()
-            self.held = None
+            held, self.held = self.held, None
             try:  # (as _run does; a broadcast where it is one, without run's tests of its arguments)
                 if broadcast:
                     result = pool.broadcast(cmd, arg, None, staged)
@@ -201,6 +201,7 @@ class Session:
                 self._raised(exc)
                 raise
             if result is None:  # the compiled round refused the staged batch, and posted nothing
+                self.held = held  # (a batch held back for recv stays held, as nothing ran)
                 self.actions.write(actions, out.act, self.num_envs, self.ignored)  # (raises why)
                 raise AssertionError("the compiled round refused actions that ActionBatch.write accepts")
             replies, failures = result
@@ -349,11 +350,14 @@ class Session:
                 staged = n, act_address + 8 * start, ignored + start if ignored else 0
         if staged is None:
             self.write_actions(actions, self.home.act, batch)
+        held = self.held
         try:
             self.submit(_STEP, batch.blocks, None, staged)
-        except Refused:
-            self.write_actions(actions, self.home.act, batch)  # (raises why)
-            raise AssertionError("the compiled check refused actions that ActionBatch.write accepts") from None
+            return
+        except Refused:  # nothing was posted: a batch held back for recv stays held
+            self.held = held
+        self.write_actions(actions, self.home.act, batch)  # (raises why, outside the except: no chained Refused)
+        raise AssertionError("the compiled check refused actions that ActionBatch.write accepts")
 
     def drain(self) -> None:
         """Wait for every command in flight and drop its results (before a synchronous round:

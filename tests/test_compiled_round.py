@@ -6,6 +6,7 @@ Its fault paths, struck at each of the caller's points, are in ``tests/test_roun
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -225,3 +226,30 @@ def test_a_sends_ignored_action_is_not_checked_and_a_scattered_batch_is_checked_
         step([0, 1, 4, 5], [0, 0, 0, 7])  # (blocks apart: checked in Python)
     finally:
         envs.close()
+
+
+def test_a_refused_send_leaves_the_held_batch_held_and_says_only_why():
+    """A batch that check_finite held back for recv is the next recv's when a send in between is
+    refused (nothing ran), as when the Python check refused it; the error carries no trace of
+    the compiled refusal."""
+    from envs_for_tests import FaultyEnv
+
+    fns = [functools.partial(FaultyEnv, "inf_reward" if i == 0 else "none", 1) for i in range(4)]
+    with shmvec.ShmVecEnv(fns, num_workers=2, batch_size=2, check_finite=True, context="fork") as envs:
+        envs.reset(seed=0)
+        envs.send(np.zeros(2, np.int64), np.arange(2))
+        with pytest.raises(shmvec.NonFiniteError):
+            envs.recv()
+        with pytest.raises(ValueError, match=r"actions\[1\] = 99 is outside") as refused:
+            envs.send(np.array([0, 99]), np.array([2, 3]))
+        assert refused.value.__context__ is None
+        *_, ids = envs.recv()
+        assert ids.tolist() == [0, 1]
+
+
+def test_validate_actions_can_be_set_on_a_closed_env():
+    envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, context="fork")
+    envs.close()
+    envs.validate_actions = False
+    envs.validate_actions = True  # (a Discrete batch would be staged, on an open env)
+    assert envs.validate_actions
