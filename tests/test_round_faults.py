@@ -273,6 +273,19 @@ def test_ctrl_c_in_send_marks_exactly_the_blocks_posted(where, in_flight, probe)
 MAIN_POINTS = ["main:post", "main:posted", "ring", "main:waited", "sleep:announced", "sleep:woken", "main:seen"]
 
 
+def kill_worker_0_at(where: str, armed: list, pids: list):
+    """A probe that SIGKILLs worker 0 (``pids[0]``) the first time the caller reaches ``where``
+    while ``armed`` holds True, and lets the caller go on only once it is dead."""
+
+    def kill(point):
+        if point == where and armed[0]:
+            armed[0] = False
+            os.kill(pids[0], signal.SIGKILL)
+            os.waitid(os.P_PID, pids[0], os.WEXITED | os.WNOWAIT)
+
+    return kill
+
+
 def test_the_caller_points_are_the_compiled_rounds():
     from shmvec import broadcast
 
@@ -318,18 +331,11 @@ def test_a_worker_killed_at_each_step_of_a_broadcast_round_is_restarted(where, p
     """Worker 0 is killed while the caller is at each of its points of a broadcast step: that
     step (or, killed once its count was complete, the next) restarts block 0, and every row stays
     right."""
-    armed = [False]
-
-    def kill_worker_0(point):
-        if point == where and armed[0]:
-            armed[0] = False
-            os.kill(pids[0], signal.SIGKILL)
-            os.waitid(os.P_PID, pids[0], os.WEXITED | os.WNOWAIT)  # (dead before the round goes on)
-
-    probe(kill_worker_0)
+    armed, pids = [False], []
+    probe(kill_worker_0_at(where, armed, pids))
     envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, on_error="restart", context="fork")
     try:
-        pids = envs.worker_pids
+        pids += envs.worker_pids
         rows = Rows(4)
         rows.reset(envs.reset(seed=0)[0])
         armed[0] = True
@@ -393,18 +399,11 @@ def test_a_worker_killed_at_each_step_of_a_recvs_wait_is_restarted(where, probe)
     """Worker 0 is killed while a recv waits for its block, at each of the caller's points: that
     recv (or, killed once the block was done, the next) restarts block 0, and every row stays
     right."""
-    armed = [False]
-
-    def kill_worker_0(point):
-        if point == where and armed[0]:
-            armed[0] = False
-            os.kill(pids[0], signal.SIGKILL)
-            os.waitid(os.P_PID, pids[0], os.WEXITED | os.WNOWAIT)  # (dead before the wait goes on)
-
-    probe(kill_worker_0)
+    armed, pids = [False], []
+    probe(kill_worker_0_at(where, armed, pids))
     envs = shmvec.ShmVecEnv(counting_fns(4), num_workers=2, batch_size=2, on_error="restart", context="fork")
     try:
-        pids = envs.worker_pids
+        pids += envs.worker_pids
         rows = Rows(4)
         rows.reset(envs.reset(seed=0)[0])
         armed[0] = True
